@@ -1,0 +1,131 @@
+"""The ``falkirk`` command.
+
+Verbs import what they need when they run, so ``falkirk plan`` never loads Spark
+or Airflow and answers in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from falkirk.frontier import Plan, Problem, ProblemError, regions_in_order, solve
+
+PROBLEMS_DIR = Path(__file__).resolve().parents[2] / "schemas" / "problems"
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2, no traceback."""
+
+
+def _print_plan(plan: Plan, title: str | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    problem = plan.problem
+    table = Table(title=title, title_justify="left")
+    for col in ("region", "regime", "domain", "status", "current", "frontier", "low watermark"):
+        table.add_column(col)
+    for name in regions_in_order(problem):
+        r = problem.regions[name]
+        f = plan.frontiers[name]
+        status = "failed" if r.failed else ("live" if r.live is not None else "stopped")
+        current = "?" if r.current is None else r.domain.describe(r.current)
+        colour = "green" if f.is_top else ("red" if f.is_bottom else "yellow")
+        wm = plan.low_watermark[name] if plan.low_watermark else None
+        table.add_row(name, r.regime or "", r.domain.name, status, current,
+                      f"[{colour}]{f}[/{colour}]", "" if wm is None else str(wm))
+    console.print(table)
+    if plan.replay:
+        console.print("[bold]replay[/bold] (logged edges send again from their log):")
+        for r in plan.replay:
+            src = r.src or "(input)"
+            console.print(f"  {r.edge}: {src} → {r.dst}, times after {r.after} through {r.through}")
+    if plan.rerun:
+        console.print("[bold]rerun[/bold] (regions restart from their frontier):")
+        for r in plan.rerun:
+            upto = "as far as its input goes" if r.through is None else f"through {r.through}"
+            console.print(f"  {r.region}: after {r.after}, {upto}")
+    if not plan.replay and not plan.rerun:
+        console.print("nothing to roll back: every region keeps its live state")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.problem is None:
+        raise CliError(
+            "no --problem given, and planning from the live epoch log needs the epoch log "
+            "(not built yet: see issue 3); pass --problem FILE.json"
+        )
+    problem = Problem.load(args.problem)
+    plan = solve(problem)
+    if args.json:
+        print(json.dumps(plan.to_json()))
+    else:
+        _print_plan(plan, title=problem.description or str(args.problem))
+    return 0
+
+
+def cmd_examples(args: argparse.Namespace) -> int:
+    """Solve the worked examples shipped in schemas/problems and print their plans."""
+    files = sorted(PROBLEMS_DIR.glob("*.json"))
+    if not files:
+        raise CliError(f"no worked examples found in {PROBLEMS_DIR}")
+    for path in files:
+        problem = Problem.load(path)
+        plan = solve(problem)
+        if args.json:
+            print(json.dumps({"example": path.stem, **plan.to_json()}))
+        else:
+            _print_plan(plan, title=f"{path.stem}: {problem.description}")
+            print()
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from falkirk.bench import solver_bench
+
+    solver_bench.main(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="falkirk",
+        description="Rollback recovery for Spark pipelines with a fault-tolerance regime "
+        "per region.",
+    )
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    p = sub.add_parser("plan", help="compute the consistent frontiers and the rollback plan")
+    p.add_argument("--problem", type=Path, help="an offline problem (JSON); see schemas/problems")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("examples", help="solve the worked examples and print their plans")
+    p.add_argument("--json", action="store_true", help="one JSON object per example")
+    p.set_defaults(func=cmd_examples)
+
+    p = sub.add_parser("bench", help="print performance figures")
+    p.add_argument("what", choices=["solver"], help="which benchmark")
+    p.add_argument("--regions", type=int, default=10_000)
+    p.add_argument("--edges", type=int, default=30_000)
+    p.add_argument("--frontiers", type=int, default=50)
+    p.add_argument("--seed", type=int, default=7)
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (CliError, ProblemError) as exc:
+        print(f"falkirk {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""One configuration object, chosen by one environment variable.
+
+``FALKIRK_ENV=local`` (the default) keeps every Delta table under a folder of the
+repository, talks to a local Kafka-compatible broker and runs Spark as local[2].
+``FALKIRK_ENV=compose`` matches docker-compose.yml: Apache Kafka, a Spark master and
+the tables on the S3-compatible store. Single values can be overridden with
+``FALKIRK_<FIELD>`` (for tests that need their own folder or broker port).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Config:
+    env: str
+    lake: str  # root of the Delta tables (a folder, or s3://bucket/prefix)
+    kafka_bootstrap: str
+    spark_master: str
+    spark_shuffle_partitions: int = 2
+    spark_ui: bool = False
+    broker_data_dir: str = ""  # where the local broker keeps its data (local only)
+    storage_options: tuple[tuple[str, str], ...] = ()  # for delta-rs on an object store
+
+    def table(self, *parts: str) -> str:
+        """The location of a Delta table under the lake."""
+        return "/".join([self.lake.rstrip("/"), *parts])
+
+    @property
+    def delta_storage_options(self) -> dict[str, str]:
+        return dict(self.storage_options)
+
+
+PROFILES: dict[str, Config] = {
+    "local": Config(
+        env="local",
+        lake=str(REPO_ROOT / "var" / "lake"),
+        kafka_bootstrap="127.0.0.1:19092",
+        spark_master="local[2]",
+        broker_data_dir=str(REPO_ROOT / "var" / "broker"),
+    ),
+    "compose": Config(
+        env="compose",
+        lake="s3://falkirk/lake",
+        kafka_bootstrap="kafka:9092",
+        spark_master="spark://spark-master:7077",
+        spark_ui=True,
+        storage_options=(
+            ("AWS_ENDPOINT_URL", "http://minio:9000"),
+            ("AWS_ACCESS_KEY_ID", "falkirk"),
+            ("AWS_SECRET_ACCESS_KEY", "falkirk-secret"),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_S3_ALLOW_UNSAFE_RENAME", "true"),
+        ),
+    ),
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load(env: str | None = None) -> Config:
+    """The configuration for ``env`` (default: $FALKIRK_ENV, else local)."""
+    name = env or os.environ.get("FALKIRK_ENV", "local")
+    if name not in PROFILES:
+        raise ConfigError(
+            f"FALKIRK_ENV={name!r} is not a known profile (known: {', '.join(PROFILES)})"
+        )
+    cfg = PROFILES[name]
+    overrides = {}
+    for f in fields(Config):
+        value = os.environ.get(f"FALKIRK_{f.name.upper()}")
+        if value is None or f.name in ("env", "storage_options"):
+            continue
+        if f.type in ("int", int):
+            overrides[f.name] = int(value)
+        elif f.type in ("bool", bool):
+            overrides[f.name] = value.lower() in ("1", "true", "yes")
+        else:
+            overrides[f.name] = value
+    return replace(cfg, **overrides)

@@ -1,0 +1,43 @@
+"""The one place Spark sessions are built, so jobs and tests run with the same settings."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from falkirk.config import Config, load
+
+
+def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
+    """A Spark session for this machine's profile.
+
+    local[2] with 2 shuffle partitions (2 cores), bound to 127.0.0.1, the Python
+    workers on this venv's interpreter (else they cannot import pyarrow), and the
+    RocksDB state store with changelog checkpointing for Spark's own in-query recovery.
+    """
+    from pyspark.sql import SparkSession
+
+    cfg = cfg or load()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(cfg.spark_master)
+        .config("spark.sql.shuffle.partitions", str(cfg.spark_shuffle_partitions))
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "true" if cfg.spark_ui else "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
