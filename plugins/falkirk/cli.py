@@ -11,12 +11,13 @@ import json
 import sys
 from pathlib import Path
 
-from falkirk.frontier import Plan, Problem, ProblemError, regions_in_order, solve
+from falkirk.errors import FalkirkError
+from falkirk.frontier import Plan, Problem, regions_in_order, solve
 
 PROBLEMS_DIR = Path(__file__).resolve().parents[2] / "schemas" / "problems"
 
 
-class CliError(Exception):
+class CliError(FalkirkError):
     """A user-facing error: printed as one line, exit status 2, no traceback."""
 
 
@@ -53,13 +54,34 @@ def _print_plan(plan: Plan, title: str | None = None) -> None:
         console.print("nothing to roll back: every region keeps its live state")
 
 
+def _pipeline(name: str | None):
+    """The pipeline a verb acts on: named, or the only one declared."""
+    from falkirk.topology import declared, load_pipeline
+
+    if name is None:
+        names = list(declared())
+        if len(names) != 1:
+            raise CliError(
+                f"say which pipeline with --pipeline (declared: {', '.join(names) or 'none'})"
+            )
+        name = names[0]
+    return load_pipeline(name)
+
+
+def _split(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    if args.problem is None:
-        raise CliError(
-            "no --problem given, and planning from the live epoch log needs the epoch log "
-            "(not built yet: see issue 3); pass --problem FILE.json"
-        )
-    problem = Problem.load(args.problem)
+    if args.problem is not None:
+        problem = Problem.load(args.problem)
+    else:
+        from falkirk.epochlog import EpochLog
+
+        pipeline = _pipeline(args.pipeline)
+        problem = EpochLog.from_config().problem(pipeline, failed=_split(args.failed))
+    if args.save_problem is not None:
+        args.save_problem.write_text(json.dumps(problem.to_json(), indent=1))
     plan = solve(problem)
     if args.json:
         print(json.dumps(plan.to_json()))
@@ -100,7 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True)
 
     p = sub.add_parser("plan", help="compute the consistent frontiers and the rollback plan")
-    p.add_argument("--problem", type=Path, help="an offline problem (JSON); see schemas/problems")
+    p.add_argument("--problem", type=Path,
+                   help="an offline problem (JSON, see schemas/problems); "
+                        "without it, plan from the live epoch log")
+    p.add_argument("--pipeline", help="declared pipeline (default: the only one declared)")
+    p.add_argument("--failed", help="comma-separated regions that failed (live log only)")
+    p.add_argument("--save-problem", type=Path, help="also write the problem solved (JSON)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=cmd_plan)
 
@@ -122,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CliError, ProblemError) as exc:
+    except FalkirkError as exc:
         print(f"falkirk {args.verb}: error: {exc}", file=sys.stderr)
         return 2
 

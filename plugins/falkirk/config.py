@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from falkirk.errors import FalkirkError
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -62,8 +64,8 @@ PROFILES: dict[str, Config] = {
 }
 
 
-class ConfigError(ValueError):
-    pass
+class ConfigError(FalkirkError, ValueError):
+    """FALKIRK_ENV or an override names something that does not exist."""
 
 
 def load(env: str | None = None) -> Config:

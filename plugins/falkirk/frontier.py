@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from falkirk.errors import FalkirkError
 from falkirk.times import DOMAINS, Domain, Frontier, TimeError
 
 __all__ = [
@@ -52,7 +53,7 @@ __all__ = [
 ]
 
 
-class ProblemError(ValueError):
+class ProblemError(FalkirkError, ValueError):
     """A problem that cannot be solved as given; the message names where it is wrong."""
 
 

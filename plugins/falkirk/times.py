@@ -19,10 +19,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from falkirk.errors import FalkirkError
+
 INF = math.inf
 
 
-class TimeError(ValueError):
+class TimeError(FalkirkError, ValueError):
     """A time that does not belong to the domain it was given in."""
 
 
@@ -393,3 +395,24 @@ class EpochRanges:
             if r.epoch == epoch:
                 return r.end
         raise TimeError(f"no offsets were logged for epoch {epoch}")
+
+
+def project(src: Domain, dst: Domain, key: Any) -> Any:
+    """The default projection π_e of a frontier of ``src`` onto an edge into ``dst``.
+
+    Epoch to epoch: k. An epoch into an iterating region: (k, ∞), the whole epoch.
+    An iterating region's (k, i) back into epochs: k once epoch k has converged
+    (i = ∞), else k - 1. Bottom and top project to bottom and top.
+    """
+    if key == src.bottom:
+        return dst.bottom
+    if key == src.top:
+        return dst.top
+    if src is dst:
+        return key
+    if src is EPOCH and dst is ITERATION:
+        return (key, INF)
+    if src is ITERATION and dst is EPOCH:
+        epoch, iteration = key
+        return epoch if iteration == INF else epoch - 1
+    raise TimeError(f"no projection from {src.name} onto {dst.name}")

@@ -1,0 +1,319 @@
+"""The epoch log: what every region persisted for every frontier it can restore to.
+
+Delta tables written through delta-rs (schemas in ``schemas/tables``):
+
+- ``epochs``: one row per change of a region's epoch in a generation (running,
+  committed, checkpointed, invalidated), with the metadata of shared/design/frontiers.md:
+  the input range each edge delivered, N_e, π_e, D_e, the output versions, S(f).
+- ``collected``: garbage collection's progress per logged edge (what a sender can no
+  longer send again) and the Kafka offsets acknowledged.
+
+Both are append-only: concurrent regions never update each other's rows, so two
+commits at once only race for the next table version, which delta-rs retries; we
+retry on top of that when it gives up. From the log we build the solver's problem
+for the live pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time as _time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from falkirk.errors import FalkirkError
+from falkirk.frontier import Edge, Entry, Problem, Region
+from falkirk.schemas import arrow_schema
+from falkirk.times import DOMAINS, Domain, Offsets, project
+from falkirk.topology import Pipeline
+
+STATUSES = ("running", "committed", "checkpointed", "invalidated")
+# Which statuses make a frontier a region can restore to, by regime.
+RESTORABLE = {
+    "ephemeral": ("committed",),  # every epoch whose output was handed on
+    "batch": ("committed",),  # every epoch whose output is in its Delta table
+    "lazy": ("checkpointed",),  # only its checkpoints
+    "eager": ("committed", "checkpointed"),  # every epoch it committed
+}
+
+
+class EpochLogError(FalkirkError):
+    """The epoch log cannot answer as asked (unknown region, bad row)."""
+
+
+@dataclass
+class EpochRecord:
+    """One row of the epoch log. Times are JSON values in the region's domain."""
+
+    pipeline: str
+    region: str
+    time: Any
+    generation: int
+    status: str
+    inputs: dict | None = None
+    delivered: dict | None = None
+    outputs: dict | None = None
+    projected: dict | None = None
+    discarded: dict | None = None
+    state_ref: str | None = None
+    notification: Any = None
+    recorded_at: datetime | None = None
+    note: str | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.time[0] if isinstance(self.time, list) else int(self.time)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise EpochLogError(
+                f"epoch log: region {self.region!r} epoch {self.time!r}: unknown status "
+                f"{self.status!r} (known: {', '.join(STATUSES)})"
+            )
+
+    def to_row(self) -> dict:
+        def js(v: Any) -> str | None:
+            return None if v is None else json.dumps(v, sort_keys=True)
+
+        return {
+            "pipeline": self.pipeline, "region": self.region, "epoch": self.epoch,
+            "time": json.dumps(self.time), "generation": self.generation, "status": self.status,
+            "inputs": js(self.inputs), "delivered": js(self.delivered),
+            "outputs": js(self.outputs), "projected": js(self.projected),
+            "discarded": js(self.discarded), "state_ref": self.state_ref,
+            "notification": js(self.notification),
+            "recorded_at": self.recorded_at or datetime.now(UTC), "note": self.note,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict) -> EpochRecord:
+        def unjs(v: str | None) -> Any:
+            return None if v is None else json.loads(v)
+
+        return cls(
+            row["pipeline"], row["region"], json.loads(row["time"]), row["generation"],
+            row["status"], unjs(row["inputs"]), unjs(row["delivered"]), unjs(row["outputs"]),
+            unjs(row["projected"]), unjs(row["discarded"]), row["state_ref"],
+            unjs(row["notification"]), row["recorded_at"], row["note"],
+        )
+
+
+@dataclass
+class RegionLog:
+    """The effective log of one region: per time, the row that counts."""
+
+    region: str
+    domain: Domain
+    entries: dict[Any, EpochRecord] = field(default_factory=dict)  # key -> latest valid row
+
+    def restorable(self, regime: str) -> list[EpochRecord]:
+        keep = RESTORABLE[regime]
+        return [r for k, r in sorted(self.entries.items(), key=lambda kv: kv[0])
+                if r.status in keep]
+
+    @property
+    def latest(self) -> EpochRecord | None:
+        if not self.entries:
+            return None
+        return self.entries[max(self.entries)]
+
+
+def _with_retry(what: str, fn, attempts: int = 20) -> Any:
+    """Run a Delta commit, retrying when another writer took the version we wanted."""
+    from deltalake.exceptions import CommitFailedError
+
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except CommitFailedError:
+            if attempt == attempts - 1:
+                raise
+            _time.sleep(min(0.5, 0.01 * 2 ** attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+class EpochLog:
+    """Reads and appends the epoch log tables under one root (a folder or object-store URI)."""
+
+    def __init__(self, root: str, storage_options: dict[str, str] | None = None):
+        self.root = root.rstrip("/")
+        self.storage_options = storage_options or None
+
+    @classmethod
+    def from_config(cls, cfg=None) -> EpochLog:
+        from falkirk.config import load
+
+        cfg = cfg or load()
+        return cls(cfg.table("_falkirk_log"), cfg.delta_storage_options)
+
+    def uri(self, table: str) -> str:
+        return f"{self.root}/{table}"
+
+    # ---- writing --------------------------------------------------------------------
+
+    def _append(self, table: str, rows: list[dict]) -> None:
+        from deltalake import CommitProperties, write_deltalake
+
+        if not rows:
+            return
+        data = pa.Table.from_pylist(rows, schema=arrow_schema("tables", table))
+        _with_retry(
+            f"append to {table}",
+            lambda: write_deltalake(
+                self.uri(table), data, mode="append", storage_options=self.storage_options,
+                configuration={"delta.enableDeletionVectors": "false"},
+                commit_properties=CommitProperties(max_commit_retries=50),
+            ),
+        )
+
+    def record(self, *records: EpochRecord) -> None:
+        """Append rows to the epoch log (one commit)."""
+        self._append("epochs", [r.to_row() for r in records])
+
+    def record_collected(self, pipeline: str, edge: str, through: Any,
+                         offsets: Offsets | None = None) -> None:
+        self._append("collected", [{
+            "pipeline": pipeline, "edge": edge, "through": json.dumps(through),
+            "offsets": None if offsets is None else json.dumps(offsets.as_dict()),
+            "recorded_at": datetime.now(UTC),
+        }])
+
+    # ---- reading --------------------------------------------------------------------
+
+    def _read(self, table: str, pipeline: str) -> list[dict]:
+        from deltalake import DeltaTable
+
+        uri = self.uri(table)
+        if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
+            return []
+        dt = DeltaTable(uri, storage_options=self.storage_options)
+        return dt.to_pyarrow_table(filters=[("pipeline", "=", pipeline)]).to_pylist()
+
+    def records(self, pipeline: str) -> list[EpochRecord]:
+        """Every row of a pipeline, in the order they were recorded."""
+        rows = sorted(self._read("epochs", pipeline), key=lambda r: r["recorded_at"])
+        return [EpochRecord.from_row(r) for r in rows]
+
+    def generation(self, pipeline: str) -> int:
+        """The current generation: the highest any row was written in (0 for a new log)."""
+        return max((r.generation for r in self.records(pipeline)), default=0)
+
+    def collected(self, pipeline: str) -> dict[str, tuple[Any, dict | None]]:
+        """Per logged edge: the time through which its log was dropped, and acked offsets."""
+        out: dict[str, tuple[Any, dict | None]] = {}
+        for row in sorted(self._read("collected", pipeline), key=lambda r: r["recorded_at"]):
+            out[row["edge"]] = (json.loads(row["through"]),
+                                None if row["offsets"] is None else json.loads(row["offsets"]))
+        return out
+
+    def regions(self, pipeline: Pipeline) -> dict[str, RegionLog]:
+        """The effective log per region.
+
+        The latest row per (region, time, generation) is that epoch's status in that
+        generation; an invalidated one no longer counts. Among generations the newest
+        that still counts wins (the epoch was redone after a rollback).
+        """
+        latest: dict[tuple[str, Any, int], EpochRecord] = {}
+        for r in self.records(pipeline.name):
+            if r.region not in pipeline.regions:
+                continue
+            dom = DOMAINS[pipeline.regions[r.region].domain]
+            latest[(r.region, dom.parse(r.time), r.generation)] = r
+        logs = {name: RegionLog(name, DOMAINS[spec.domain])
+                for name, spec in pipeline.regions.items()}
+        for (region, key, generation), r in sorted(latest.items(), key=lambda kv: kv[0][2]):
+            if r.status == "invalidated":
+                held = logs[region].entries.get(key)
+                if held is not None and held.generation <= generation:
+                    del logs[region].entries[key]
+                continue
+            logs[region].entries[key] = r
+        return logs
+
+    # ---- the solver's problem -------------------------------------------------------
+
+    def problem(self, pipeline: Pipeline, failed: Iterable[str] = (),
+                at_most: dict[str, Any] | None = None) -> Problem:
+        """The consistent-frontier problem of the live pipeline.
+
+        F(p) comes from the rows that make a frontier under p's regime; ⊤ is offered for
+        a region that has not failed. Where a row does not say, π_e follows the domain's
+        default projection and D_e is π_e on an unlogged edge and what garbage collection
+        dropped (capped by π_e) on a logged one.
+        """
+        failed = set(failed)
+        unknown = failed - set(pipeline.regions)
+        if unknown:
+            raise EpochLogError(
+                f"pipeline {pipeline.name!r} has no region(s) {sorted(unknown)} "
+                f"(regions: {', '.join(pipeline.regions)})"
+            )
+        logs = self.regions(pipeline)
+        collected = self.collected(pipeline.name)
+        edges = {
+            e.name: Edge(e.name, e.src, e.dst, DOMAINS[pipeline.edge_domain(e)], e.logged)
+            for e in pipeline.edges.values()
+        }
+        problem = Problem({}, edges, f"pipeline {pipeline.name} from the epoch log")
+        for name, spec in pipeline.regions.items():
+            dom = DOMAINS[spec.domain]
+            log = logs[name]
+            outs, ins = pipeline.out_edges(name), pipeline.in_edges(name)
+
+            def entry(r: EpochRecord | None, live: bool, dom=dom, outs=outs, ins=ins) -> Entry:
+                at = dom.top if live else dom.parse(r.time)
+                delivered = {}
+                for e in ins:
+                    ed = edges[e.name].domain
+                    given = (r.delivered or {}).get(e.name) if r else None
+                    delivered[e.name] = ed.parse(given) if given is not None else (
+                        project(dom, ed, at) if not live else ed.bottom)
+                projected, discarded = {}, {}
+                for e in outs:
+                    ed = edges[e.name].domain
+                    given = (r.projected or {}).get(e.name) if (r and not live) else None
+                    pi = ed.parse(given) if given is not None else project(dom, ed, at)
+                    projected[e.name] = pi
+                    given_d = (r.discarded or {}).get(e.name) if (r and not live) else None
+                    if given_d is not None:
+                        discarded[e.name] = ed.parse(given_d)
+                    elif e.logged:
+                        gone = collected.get(e.name, (-1, None))[0]
+                        discarded[e.name] = ed.meet(pi, ed.parse(gone))
+                    else:
+                        discarded[e.name] = pi
+                note = None if (r is None or r.notification is None) else dom.parse(
+                    r.notification)
+                return Entry(at=at, delivered=delivered, projected=projected,
+                             discarded=discarded, notification=note,
+                             state=None if r is None else r.state_ref)
+
+            frontiers = [entry(r, False) for r in log.restorable(spec.regime)]
+            live = None
+            if name not in failed:
+                live = entry(None, True)
+                # The live state has delivered everything any of its rows delivered.
+                for r in log.entries.values():
+                    for e in ins:
+                        ed = edges[e.name].domain
+                        given = (r.delivered or {}).get(e.name)
+                        got = ed.parse(given) if given is not None else project(
+                            dom, ed, dom.parse(r.time))
+                        live.delivered[e.name] = ed.join(live.delivered[e.name], got)
+            latest = log.latest
+            region = Region(
+                name, dom, failed=name in failed, frontiers=frontiers, live=live,
+                current=None if latest is None else dom.parse(latest.time),
+                regime=spec.regime,
+            )
+            cap = (at_most or {}).get(name)
+            if cap is not None:
+                region.at_most = dom.parse(cap)
+            problem.regions[name] = region
+        # The same checks as a problem file: a log that breaks them is reported, not solved.
+        return Problem.from_json(problem.to_json(), origin=f"epoch log of {pipeline.name!r}")

@@ -1,0 +1,49 @@
+"""Table and record schemas, kept as JSON files in ``schemas/`` (one place for each).
+
+Data engineers read and edit the files; the code builds Arrow schemas from them.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pyarrow as pa
+
+SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
+
+_TYPES = {
+    "string": pa.string(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "double": pa.float64(),
+    "bool": pa.bool_(),
+    "timestamp[us, tz=UTC]": pa.timestamp("us", tz="UTC"),
+}
+
+
+@cache
+def definition(kind: str, name: str) -> dict:
+    """The JSON definition ``schemas/<kind>/<name>.json``."""
+    path = SCHEMAS_DIR / kind / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no schema file {path}") from None
+
+
+@cache
+def arrow_schema(kind: str, name: str) -> pa.Schema:
+    """The Arrow schema of ``schemas/<kind>/<name>.json`` (field order as written)."""
+    fields = []
+    for f in definition(kind, name)["fields"]:
+        try:
+            typ = _TYPES[f["type"]]
+        except KeyError:
+            raise ValueError(
+                f"schemas/{kind}/{name}.json: field {f['name']!r} has unknown type {f['type']!r} "
+                f"(known: {', '.join(_TYPES)})"
+            ) from None
+        fields.append(pa.field(f["name"], typ, nullable=f.get("nullable", True)))
+    return pa.schema(fields)

@@ -1,0 +1,239 @@
+"""Pipeline declarations: regions with their regime, and the edges between them.
+
+A pipeline is declared once, in a YAML file under ``schemas/pipelines/``. Loading
+validates it and every error names the file and the region or edge at fault.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from falkirk.errors import FalkirkError
+from falkirk.times import DOMAINS, ITERATION
+
+PIPELINES_DIR = Path(__file__).resolve().parents[2] / "schemas" / "pipelines"
+
+REGIMES = ("ephemeral", "batch", "lazy", "eager")
+EDGE_KINDS = ("kafka", "delta", "unlogged")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class TopologyError(FalkirkError, ValueError):
+    """A pipeline declaration that cannot run; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class RegionSpec:
+    name: str
+    regime: str
+    domain: str = "epoch"
+    job: str | None = None  # entry point in jobs/ (spark-submit)
+    stateful: bool = False  # keeps state between epochs (lazy and eager regions do)
+    checkpoint_every: int | None = None  # K: a lazy region checkpoints every K epochs
+    checkpoint_seconds: float | None = None  # or every T seconds
+    retain_checkpoints: int = 3  # lazy checkpoints kept beyond what the low watermark needs
+    options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def iterating(self) -> bool:
+        return DOMAINS[self.domain] is ITERATION
+
+    @property
+    def keeps_state(self) -> bool:
+        return self.regime in ("lazy", "eager")
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    name: str
+    kind: str  # kafka | delta | unlogged
+    src: str | None  # None: produced outside the pipeline
+    dst: str | None  # None: read outside the pipeline (clients)
+    topic: str | None = None
+    partitions: int = 1
+    table: str | None = None
+
+    @property
+    def logged(self) -> bool:
+        """What the sender sent can be sent again (a Delta table, a topic's retention)."""
+        return self.kind in ("kafka", "delta")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    regions: dict[str, RegionSpec]
+    edges: dict[str, EdgeSpec]
+    settings: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    source: str = ""
+
+    def in_edges(self, region: str) -> list[EdgeSpec]:
+        return [e for e in self.edges.values() if e.dst == region]
+
+    def out_edges(self, region: str) -> list[EdgeSpec]:
+        return [e for e in self.edges.values() if e.src == region]
+
+    def edge_domain(self, edge: EdgeSpec) -> str:
+        """Times on an edge are in its receiver's domain (its sender's, for an output)."""
+        return self.regions[edge.dst or edge.src].domain
+
+    # ---- loading --------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | Path) -> Pipeline:
+        import yaml
+
+        path = Path(path)
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise TopologyError(f"{path}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise TopologyError(f"{path}: not valid YAML: {exc}") from None
+        return cls.from_dict(raw, origin=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: Any, origin: str = "pipeline") -> Pipeline:
+        def fail(where: str, what: str) -> TopologyError:
+            return TopologyError(f"{origin}: {where}: {what}")
+
+        if not isinstance(raw, dict):
+            raise fail("top level", "expected a mapping with pipeline, regions and edges")
+        extra = set(raw) - {"pipeline", "regions", "edges", "settings"}
+        if extra:
+            raise fail("top level", f"unknown keys {sorted(extra)}")
+        name = raw.get("pipeline")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise fail("pipeline", f"expected a lower-case identifier, got {name!r}")
+        raw_regions, raw_edges = raw.get("regions") or {}, raw.get("edges") or {}
+        if not isinstance(raw_regions, dict) or not raw_regions:
+            raise fail("regions", "declare at least one region")
+
+        regions: dict[str, RegionSpec] = {}
+        allowed = {"regime", "domain", "job", "stateful", "checkpoint_every",
+                   "checkpoint_seconds", "retain_checkpoints", "options"}
+        for rname, spec in raw_regions.items():
+            where = f"region {rname!r}"
+            if not _NAME.match(str(rname)):
+                raise fail(where, "names are lower-case identifiers")
+            if not isinstance(spec, dict):
+                raise fail(where, "expected a mapping")
+            extra = set(spec) - allowed
+            if extra:
+                raise fail(where, f"unknown keys {sorted(extra)}")
+            regime = spec.get("regime")
+            if regime not in REGIMES:
+                raise fail(where, f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+            domain = spec.get("domain", "epoch")
+            if domain not in DOMAINS or domain == "offsets":
+                raise fail(where, f"domain must be epoch or epoch.iteration, got {domain!r}")
+            stateful = spec.get("stateful", regime in ("lazy", "eager"))
+            if regime in ("ephemeral", "batch") and stateful:
+                raise fail(where, f"an {regime} region keeps no state between epochs; "
+                                  "declare it lazy or eager to keep state")
+            every, seconds = spec.get("checkpoint_every"), spec.get("checkpoint_seconds")
+            if regime == "lazy":
+                if every is None and seconds is None:
+                    raise fail(where, "a lazy region needs checkpoint_every (K epochs) "
+                                      "or checkpoint_seconds (T)")
+                if every is not None and (not isinstance(every, int) or every < 1):
+                    raise fail(where, f"checkpoint_every must be an integer ≥ 1, got {every!r}")
+            elif every is not None or seconds is not None:
+                why = "commit every epoch" if regime == "eager" else "keep no state"
+                raise fail(where, f"only lazy regions take checkpoint_every/seconds "
+                                  f"({regime} regions {why})")
+            retain = spec.get("retain_checkpoints", 3)
+            if not isinstance(retain, int) or retain < 1:
+                raise fail(where, f"retain_checkpoints must be an integer ≥ 1, got {retain!r}")
+            regions[rname] = RegionSpec(
+                rname, regime, domain, spec.get("job"), bool(stateful), every, seconds, retain,
+                dict(spec.get("options") or {}),
+            )
+
+        edges: dict[str, EdgeSpec] = {}
+        for ename, spec in raw_edges.items():
+            where = f"edge {ename!r}"
+            if not isinstance(spec, dict):
+                raise fail(where, "expected a mapping")
+            extra = set(spec) - {"kind", "from", "to", "topic", "partitions", "table"}
+            if extra:
+                raise fail(where, f"unknown keys {sorted(extra)}")
+            kind = spec.get("kind")
+            if kind not in EDGE_KINDS:
+                raise fail(where, f"kind must be one of {', '.join(EDGE_KINDS)}, got {kind!r}")
+            src, dst = spec.get("from"), spec.get("to")
+            for end, label in ((src, "from"), (dst, "to")):
+                if end is not None and end not in regions:
+                    raise fail(where, f"{label!r} names unknown region {end!r}")
+            if src is None and dst is None:
+                raise fail(where, "needs from or to")
+            if kind == "unlogged":
+                if src is None or dst is None:
+                    raise fail(where, "an unlogged edge passes records between two regions "
+                                      "inside one Spark job: it needs both from and to")
+                if regions[src].job != regions[dst].job:
+                    raise fail(where, f"an unlogged edge passes records inside one Spark job, "
+                                      f"but {src!r} and {dst!r} run in different jobs")
+            elif kind == "kafka" and not spec.get("topic"):
+                raise fail(where, "a kafka edge needs its topic")
+            elif kind == "delta" and not spec.get("table"):
+                raise fail(where, "a delta edge needs its table")
+            if src is None and kind != "kafka":
+                raise fail(where, "an input from outside the pipeline must be a kafka topic")
+            partitions = spec.get("partitions", 1)
+            if not isinstance(partitions, int) or partitions < 1:
+                raise fail(where, f"partitions must be an integer ≥ 1, got {partitions!r}")
+            edges[ename] = EdgeSpec(ename, kind, src, dst, spec.get("topic"), partitions,
+                                    spec.get("table"))
+
+        pipeline = cls(name, regions, edges, dict(raw.get("settings") or {}), origin)
+        pipeline._check_cycles(fail)
+        return pipeline
+
+    def _check_cycles(self, fail) -> None:
+        """Every cycle must pass through an iterating region (it is what ends a loop)."""
+        graph: dict[str, list[str]] = {r: [] for r in self.regions}
+        for e in self.edges.values():
+            if e.src and e.dst and not self.regions[e.dst].iterating:
+                graph[e.src].append(e.dst)
+        # Edges into an iterating region are cut: a cycle left over has none.
+        colour: dict[str, int] = {}
+        stack: list[str] = []
+
+        def visit(n: str) -> None:
+            colour[n] = 1
+            stack.append(n)
+            for m in graph[n]:
+                if colour.get(m) == 1:
+                    loop = stack[stack.index(m):] + [m]
+                    raise fail("edges", "a cycle without an iterating region: "
+                                        + " → ".join(loop))
+                if m not in colour:
+                    visit(m)
+            stack.pop()
+            colour[n] = 2
+
+        for n in self.regions:
+            if n not in colour:
+                visit(n)
+
+
+def declared() -> dict[str, Path]:
+    """The pipelines declared under schemas/pipelines (name -> file)."""
+    return {p.stem: p for p in sorted(PIPELINES_DIR.glob("*.yaml"))}
+
+
+def load_pipeline(name_or_path: str | Path) -> Pipeline:
+    """A declared pipeline by name, or a declaration file by path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return Pipeline.load(path)
+    files = declared()
+    if str(name_or_path) not in files:
+        raise TopologyError(
+            f"unknown pipeline {str(name_or_path)!r} (declared: {', '.join(files) or 'none'})"
+        )
+    return Pipeline.load(files[str(name_or_path)])

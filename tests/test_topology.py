@@ -1,0 +1,89 @@
+"""Pipeline declarations: a valid one loads; each mistake is refused naming its place."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from falkirk.topology import Pipeline, TopologyError
+
+SMALL = {
+    "pipeline": "small",
+    "regions": {
+        "ingest": {"regime": "ephemeral", "job": "jobs/ingest.py"},
+        "popularity": {"regime": "batch", "job": "jobs/popularity.py"},
+        "communities": {"regime": "lazy", "domain": "epoch.iteration", "checkpoint_every": 3,
+                        "job": "jobs/communities.py"},
+        "stats": {"regime": "eager", "job": "jobs/communities.py"},
+    },
+    "edges": {
+        "events": {"kind": "kafka", "to": "ingest", "topic": "events", "partitions": 3},
+        "purchases": {"kind": "delta", "from": "ingest", "to": "popularity", "table": "purchases"},
+        "interactions": {"kind": "delta", "from": "ingest", "to": "communities",
+                         "table": "interactions"},
+        "labels": {"kind": "unlogged", "from": "communities", "to": "stats"},
+        "feedback": {"kind": "delta", "from": "communities", "to": "communities",
+                     "table": "feedback"},
+    },
+}
+
+
+def test_a_valid_declaration_loads():
+    p = Pipeline.from_dict(SMALL)
+    assert p.regions["communities"].iterating and p.regions["communities"].keeps_state
+    assert not p.regions["ingest"].keeps_state
+    assert [e.name for e in p.in_edges("communities")] == ["interactions", "feedback"]
+    assert p.edges["purchases"].logged and not p.edges["labels"].logged
+    assert p.edge_domain(p.edges["interactions"]) == "epoch.iteration"
+    assert p.edge_domain(p.edges["labels"]) == "epoch"
+
+
+def broken(path: list, value) -> dict:
+    data = copy.deepcopy(SMALL)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    if value is KeyError:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return data
+
+
+CASES = {
+    "unknown region on an edge": (
+        broken(["edges", "purchases", "to"], "populrity"),
+        "edge 'purchases': 'to' names unknown region 'populrity'"),
+    "cycle without an iterating region": (
+        broken(["edges", "back"], {"kind": "delta", "from": "popularity", "to": "ingest",
+                                   "table": "back"}),
+        "a cycle without an iterating region: ingest → popularity → ingest"),
+    "ephemeral region with state": (
+        broken(["regions", "ingest", "stateful"], True),
+        "region 'ingest': an ephemeral region keeps no state"),
+    "lazy region without an interval": (
+        broken(["regions", "communities", "checkpoint_every"], KeyError),
+        "region 'communities': a lazy region needs checkpoint_every"),
+    "unknown regime": (
+        broken(["regions", "stats", "regime"], "careful"),
+        "region 'stats': regime must be one of"),
+    "unlogged edge across jobs": (
+        broken(["regions", "stats", "job"], "jobs/stats.py"),
+        "edge 'labels': an unlogged edge passes records inside one Spark job"),
+    "kafka edge without topic": (
+        broken(["edges", "events", "topic"], KeyError),
+        "edge 'events': a kafka edge needs its topic"),
+    "unknown key": (
+        broken(["regions", "stats", "checkpoint_evry"], 2),
+        "region 'stats': unknown keys ['checkpoint_evry']"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_invalid_declarations_are_refused_with_the_place(case):
+    data, message = CASES[case]
+    with pytest.raises(TopologyError) as err:
+        Pipeline.from_dict(data, origin="small.yaml")
+    assert message in str(err.value)
+    assert str(err.value).startswith("small.yaml: ")
