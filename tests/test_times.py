@@ -83,3 +83,17 @@ def test_epoch_ranges_refuse_gaps_and_overlaps():
             EpochRange(0, Offsets({}), Offsets({"0": 4})),
             EpochRange(1, Offsets({"0": 5}), Offsets({"0": 9})),
         ])
+
+
+def test_default_projections_between_domains():
+    from falkirk.times import INF, project
+
+    assert project(EPOCH, EPOCH, 4) == 4
+    assert project(EPOCH, ITERATION, 4) == (4, INF)  # the whole epoch, converged
+    assert project(ITERATION, EPOCH, (4, INF)) == 4  # converged: epoch 4 is fixed
+    assert project(ITERATION, EPOCH, (4, 2)) == 3  # mid-iteration: only epoch 3 is
+    assert project(ITERATION, EPOCH, (0, 2)) == EPOCH.bottom
+    assert project(EPOCH, EPOCH, 4, delay=1) == 5  # a side input used one epoch later
+    assert project(ITERATION, EPOCH, (4, INF), delay=1) == 5
+    assert project(EPOCH, EPOCH, EPOCH.bottom, delay=1) == EPOCH.bottom
+    assert project(EPOCH, EPOCH, EPOCH.top) == EPOCH.top

@@ -106,6 +106,118 @@ def cmd_examples(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Regions, regimes, latest epochs, checkpoints, frontiers and low watermarks."""
+    from falkirk.epochlog import EpochLog
+    from falkirk.frontier import low_watermark
+    from falkirk.procs import running
+
+    pipeline = _pipeline(args.pipeline)
+    log = EpochLog.from_config()
+    logs = log.regions(pipeline)
+    problem = log.problem(pipeline)
+    wm = low_watermark(problem)
+    jobs = {r: j["job"] for j in running(pipeline) for r in j["regions"]}
+    status = {"pipeline": pipeline.name, "generation": log.generation(pipeline.name),
+              "regions": {}}
+    for name, spec in pipeline.regions.items():
+        rlog = logs[name]
+        restorable = rlog.restorable(spec.regime)
+        latest = rlog.latest
+        status["regions"][name] = {
+            "regime": spec.regime, "domain": spec.domain,
+            "latest": None if latest is None else {"time": latest.time, "status": latest.status,
+                                                   "generation": latest.generation},
+            "frontier": restorable[-1].time if restorable else -1,
+            "checkpoints": [r.time for r in restorable if r.state_ref],
+            "low_watermark": wm[name].to_json(),
+            "running": jobs.get(name),
+        }
+    if args.json:
+        print(json.dumps(status))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"pipeline {pipeline.name}, generation {status['generation']}",
+                  title_justify="left")
+    for col in ("region", "regime", "latest epoch", "frontier", "checkpoints",
+                "low watermark", "job"):
+        table.add_column(col)
+    for name, s in status["regions"].items():
+        latest = "—" if s["latest"] is None else f"{s['latest']['time']} {s['latest']['status']}"
+        table.add_row(name, s["regime"], latest, json.dumps(s["frontier"]),
+                      ", ".join(json.dumps(c) for c in s["checkpoints"][-4:]),
+                      json.dumps(s["low_watermark"]), s["running"] or "stopped")
+    Console().print(table)
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from falkirk.procs import stop_regions
+    from falkirk.rollback import RollbackExecutor, RollbackRequest
+
+    pipeline = _pipeline(args.pipeline)
+    request = RollbackRequest(pipeline.name, failed=_split(args.failed), region=args.region,
+                              to_epoch=args.to_epoch, reason=args.reason or "",
+                              dry_run=args.dry_run)
+    executor = RollbackExecutor(pipeline,
+                                stop_regions=lambda regions: stop_regions(pipeline, regions))
+    from rich.console import Console
+
+    console = Console(stderr=args.json)
+    with console.status("rolling back…" if not args.dry_run else "planning…") as status:
+        plan = executor.run(request, progress=lambda msg: (status.update(msg), console.log(msg)))
+    if args.json:
+        print(json.dumps(plan.to_json()))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=("dry run: nothing changed — " if args.dry_run else "")
+                  + f"rollback {plan.rollback_id} of {plan.pipeline} → generation "
+                  f"{plan.generation}", title_justify="left")
+    for col in ("region", "regime", "current", "frontier"):
+        table.add_column(col)
+    for name, f in plan.frontiers.items():
+        table.add_row(name, pipeline.regions[name].regime, json.dumps(plan.current[name]),
+                      "⊤ (keeps its live state)" if f == "top" else json.dumps(f))
+    console.print(table)
+    for t in plan.tables:
+        console.print(f"restore {t.table} to version {t.to_version} ({t.region})")
+    for r in plan.replay:
+        console.print(f"replay {r['edge']}: after {r['after']} through {r['through']}")
+    for r in plan.rerun:
+        console.print(f"rerun {r['region']}: after {r['after']}"
+                      + (f" through {r['through']}" if r["through"] is not None else ""))
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from falkirk.gc import collect
+
+    pipeline = _pipeline(args.pipeline)
+    report = collect(pipeline, apply=args.apply,
+                     vacuum_retention_hours=args.retention_hours)
+    if args.json:
+        print(json.dumps(report.to_json()))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    console.print(f"[bold]garbage collection of {pipeline.name}[/bold] "
+                  + ("(applied)" if args.apply else "(dry run: nothing changed; --apply to do it)"))
+    console.print(f"low watermarks: {json.dumps(report.watermarks)}")
+    for region, keep in report.checkpoints.items():
+        console.print(f"  {region}: keep checkpoints from {keep}")
+    for table, epoch in report.deleted_through.items():
+        console.print(f"  {table}: rows of epochs ≤ {epoch} no longer needed")
+    for topic, offsets in report.acknowledged.items():
+        console.print(f"  {topic}: acknowledge offsets {offsets}")
+    for table, n in report.vacuumed.items():
+        console.print(f"  {table}: vacuumed {n} file(s)")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from falkirk.bench import solver_bench
 
@@ -134,6 +246,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("examples", help="solve the worked examples and print their plans")
     p.add_argument("--json", action="store_true", help="one JSON object per example")
     p.set_defaults(func=cmd_examples)
+
+    p = sub.add_parser("status", help="regions, epochs, checkpoints, frontiers, watermarks")
+    p.add_argument("--pipeline", help="declared pipeline (default: the only one declared)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("rollback", help="roll the pipeline back to a consistent frontier")
+    p.add_argument("--pipeline", help="declared pipeline (default: the only one declared)")
+    p.add_argument("--failed", help="comma-separated regions that failed")
+    p.add_argument("--region", help="a region to take back on purpose (with --to-epoch)")
+    p.add_argument("--to-epoch", type=int, help="the epoch to take --region back to")
+    p.add_argument("--reason", help="why (recorded with the rollback; required unless dry run)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("gc", help="garbage collection by low watermark (dry run by default)")
+    p.add_argument("--pipeline", help="declared pipeline (default: the only one declared)")
+    p.add_argument("--apply", action="store_true", help="really drop and vacuum")
+    p.add_argument("--retention-hours", type=float, default=1.0,
+                   help="vacuum only files older than this (writers may be mid-commit)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("bench", help="print performance figures")
     p.add_argument("what", choices=["solver"], help="which benchmark")

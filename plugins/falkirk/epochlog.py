@@ -200,8 +200,32 @@ class EpochLog:
         return [EpochRecord.from_row(r) for r in rows]
 
     def generation(self, pipeline: str) -> int:
-        """The current generation: the highest any row was written in (0 for a new log)."""
-        return max((r.generation for r in self.records(pipeline)), default=0)
+        """The current generation: the highest any epoch or rollback was recorded in."""
+        epochs = (r.generation for r in self.records(pipeline))
+        rollbacks = (r["generation"] for r in self._read("rollbacks", pipeline))
+        return max((*epochs, *rollbacks), default=0)
+
+    def record_rollback(self, pipeline: str, rollback_id: str, generation: int, status: str,
+                        request: dict, plan: dict) -> None:
+        self._append("rollbacks", [{
+            "pipeline": pipeline, "rollback_id": rollback_id, "generation": generation,
+            "status": status, "request": json.dumps(request, sort_keys=True),
+            "plan": json.dumps(plan, sort_keys=True), "recorded_at": datetime.now(UTC),
+        }])
+
+    def rollbacks(self, pipeline: str) -> list[dict]:
+        """Rollback rows, oldest first, with request and plan decoded."""
+        rows = sorted(self._read("rollbacks", pipeline), key=lambda r: r["recorded_at"])
+        return [{**r, "request": json.loads(r["request"]), "plan": json.loads(r["plan"])}
+                for r in rows]
+
+    def unfinished_rollback(self, pipeline: str) -> dict | None:
+        """The latest rollback that started and never finished (its runner crashed)."""
+        state: dict[str, dict] = {}
+        for r in self.rollbacks(pipeline):
+            state[r["rollback_id"]] = r
+        pending = [r for r in state.values() if r["status"] == "started"]
+        return pending[-1] if pending else None
 
     def collected(self, pipeline: str) -> dict[str, tuple[Any, dict | None]]:
         """Per logged edge: the time through which its log was dropped, and acked offsets."""
@@ -277,7 +301,7 @@ class EpochLog:
                 for e in outs:
                     ed = edges[e.name].domain
                     given = (r.projected or {}).get(e.name) if (r and not live) else None
-                    pi = ed.parse(given) if given is not None else project(dom, ed, at)
+                    pi = ed.parse(given) if given is not None else project(dom, ed, at, e.delay)
                     projected[e.name] = pi
                     given_d = (r.discarded or {}).get(e.name) if (r and not live) else None
                     if given_d is not None:

@@ -33,6 +33,20 @@ def definition(kind: str, name: str) -> dict:
         raise FileNotFoundError(f"no schema file {path}") from None
 
 
+_DDL = {"string": "string", "int32": "int", "int64": "long", "double": "double",
+        "bool": "boolean"}
+
+
+def ddl(kind: str, name: str) -> str:
+    """A Spark DDL string of the schema (for the Kafka source's valueSchema)."""
+    parts = []
+    for f in definition(kind, name)["fields"]:
+        if f["type"] not in _DDL:
+            raise ValueError(f"schemas/{kind}/{name}.json: {f['name']!r} has no DDL type")
+        parts.append(f"{f['name']} {_DDL[f['type']]}")
+    return ", ".join(parts)
+
+
 @cache
 def arrow_schema(kind: str, name: str) -> pa.Schema:
     """The Arrow schema of ``schemas/<kind>/<name>.json`` (field order as written)."""

@@ -397,22 +397,29 @@ class EpochRanges:
         raise TimeError(f"no offsets were logged for epoch {epoch}")
 
 
-def project(src: Domain, dst: Domain, key: Any) -> Any:
+def project(src: Domain, dst: Domain, key: Any, delay: int = 0) -> Any:
     """The default projection π_e of a frontier of ``src`` onto an edge into ``dst``.
 
     Epoch to epoch: k. An epoch into an iterating region: (k, ∞), the whole epoch.
     An iterating region's (k, i) back into epochs: k once epoch k has converged
-    (i = ∞), else k - 1. Bottom and top project to bottom and top.
+    (i = ∞), else k - 1. Bottom and top project to bottom and top. ``delay`` shifts
+    epochs for an edge whose receiver uses epoch k at its epoch k + delay.
     """
     if key == src.bottom:
         return dst.bottom
     if key == src.top:
         return dst.top
-    if src is dst:
-        return key
-    if src is EPOCH and dst is ITERATION:
-        return (key, INF)
-    if src is ITERATION and dst is EPOCH:
+    if src is ITERATION:
         epoch, iteration = key
-        return epoch if iteration == INF else epoch - 1
+        if dst is ITERATION:
+            return (epoch + delay, iteration) if delay else key
+        epoch = epoch if iteration == INF else epoch - 1
+    elif src is EPOCH:
+        epoch = key
+    else:
+        raise TimeError(f"no projection from {src.name} onto {dst.name}")
+    if dst is EPOCH:
+        return epoch + delay if epoch >= 0 else dst.bottom
+    if dst is ITERATION:
+        return (epoch + delay, INF) if epoch >= 0 else dst.bottom
     raise TimeError(f"no projection from {src.name} onto {dst.name}")

@@ -55,6 +55,9 @@ class EdgeSpec:
     topic: str | None = None
     partitions: int = 1
     table: str | None = None
+    # The receiver uses the sender's epoch k at its own epoch k + delay (a side input read
+    # "as of the previous epoch" has delay 1): the edge's times are the receiver's.
+    delay: int = 0
 
     @property
     def logged(self) -> bool:
@@ -158,7 +161,7 @@ class Pipeline:
             where = f"edge {ename!r}"
             if not isinstance(spec, dict):
                 raise fail(where, "expected a mapping")
-            extra = set(spec) - {"kind", "from", "to", "topic", "partitions", "table"}
+            extra = set(spec) - {"kind", "from", "to", "topic", "partitions", "table", "delay"}
             if extra:
                 raise fail(where, f"unknown keys {sorted(extra)}")
             kind = spec.get("kind")
@@ -186,8 +189,11 @@ class Pipeline:
             partitions = spec.get("partitions", 1)
             if not isinstance(partitions, int) or partitions < 1:
                 raise fail(where, f"partitions must be an integer ≥ 1, got {partitions!r}")
+            delay = spec.get("delay", 0)
+            if not isinstance(delay, int) or delay < 0:
+                raise fail(where, f"delay must be an integer ≥ 0, got {delay!r}")
             edges[ename] = EdgeSpec(ename, kind, src, dst, spec.get("topic"), partitions,
-                                    spec.get("table"))
+                                    spec.get("table"), delay)
 
         pipeline = cls(name, regions, edges, dict(raw.get("settings") or {}), origin)
         pipeline._check_cycles(fail)

@@ -1,0 +1,125 @@
+"""Job processes: start a job (spark-submit) in its own process group, find it, stop it.
+
+Each running job leaves a small JSON file under ``var/run/<pipeline>/`` naming its pid,
+process group and the regions it hosts, so a rollback can stop exactly the jobs that host
+affected regions, and the supervisor can tell a dead region from a slow one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from falkirk.config import REPO_ROOT, Config, load
+from falkirk.topology import Pipeline
+
+RUN_DIR = REPO_ROOT / "var" / "run"
+LOG_DIR = REPO_ROOT / "var" / "log"
+
+
+def jobs_of(pipeline: Pipeline) -> dict[str, list[str]]:
+    """Job entry point -> the regions it hosts (in declaration order)."""
+    out: dict[str, list[str]] = {}
+    for name, spec in pipeline.regions.items():
+        if spec.job:
+            out.setdefault(spec.job, []).append(name)
+    return out
+
+
+def job_command(job: str, args: list[str], cfg: Config | None = None) -> list[str]:
+    """spark-submit of a job entry point, on this profile's master."""
+    cfg = cfg or load()
+    venv = Path(sys.executable).parent
+    submit = venv / "spark-submit"
+    return [str(submit), "--master", cfg.spark_master,
+            "--conf", f"spark.sql.shuffle.partitions={cfg.spark_shuffle_partitions}",
+            "--conf", f"spark.ui.enabled={'true' if cfg.spark_ui else 'false'}",
+            str(REPO_ROOT / job), *args]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return env
+
+
+def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
+              cfg: Config | None = None, run_dir: Path | None = None) -> subprocess.Popen:
+    """Start a job in its own process group; its output goes to var/log/<job>.log."""
+    run_dir = (run_dir or RUN_DIR) / pipeline.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    name = Path(job).stem
+    out = open(LOG_DIR / f"{pipeline.name}-{name}.log", "ab")  # noqa: SIM115 - child keeps it
+    cmd = job_command(job, ["--pipeline", pipeline.source or pipeline.name, *(args or [])], cfg)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(),
+                            start_new_session=True)
+    out.close()
+    (run_dir / f"{name}.json").write_text(json.dumps({
+        "pid": proc.pid, "pgid": proc.pid, "job": job, "regions": jobs_of(pipeline)[job],
+        "started": time.time(), "command": cmd,
+    }))
+    return proc
+
+
+def running(pipeline: Pipeline, run_dir: Path | None = None) -> list[dict]:
+    """The job processes of a pipeline that are alive now."""
+    folder = (run_dir or RUN_DIR) / pipeline.name
+    out = []
+    for f in sorted(folder.glob("*.json")) if folder.exists() else []:
+        info = json.loads(f.read_text())
+        if alive(info["pid"]):
+            out.append(info)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """True while the process runs (a zombie, dead but not yet reaped, counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Some process of the group still runs (zombies do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            rest = stat.read_text().split(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if rest[0] != "Z" and int(rest[2]) == pgid:
+            return True
+    return False
+
+
+def stop_group(pgid: int, timeout_s: float = 30.0) -> None:
+    """SIGTERM the process group, SIGKILL what is left after ``timeout_s``."""
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not group_alive(pgid):
+                return
+            time.sleep(0.2)
+
+
+def stop_regions(pipeline: Pipeline, regions: set[str], run_dir: Path | None = None) -> list[str]:
+    """Stop every running job that hosts one of ``regions``; return the jobs stopped."""
+    stopped = []
+    for info in running(pipeline, run_dir):
+        if set(info["regions"]) & regions:
+            stop_group(info["pgid"])
+            stopped.append(info["job"])
+    return stopped

@@ -1,0 +1,494 @@
+"""Running regions: one epoch at a time, each under its own fault-tolerance regime.
+
+A *job* (one Spark application, ``jobs/<name>.py``) hosts one region, or several joined
+by unlogged edges (records passed inside the job). The runner drives the job's epochs:
+
+1. wait until epoch e is complete at every input: a Kafka input has a record at or after
+   the epoch's end in every partition (found with the broker's time index, records are
+   stamped with their event time), or the partition's end-of-stream marker; a logged
+   Delta edge has the sender's epoch ``e - delay`` committed in the epoch log;
+2. log ``running``; read the epoch's input (Kafka: exactly the offset range of the cut;
+   Delta: the table at the version the sender logged);
+3. run the job's pure transforms (the job's :class:`JobLogic`);
+4. commit outputs: Delta edges through the exactly-once writer (app transaction per
+   region and generation), Kafka outputs produced (clients keep the latest per key);
+5. persist state as the regime says: eager every epoch, lazy every K epochs (incremental
+   checkpoints: only keys that changed); ephemeral and batch keep none;
+6. log ``committed`` (or ``checkpointed``) with the input ranges, output versions and
+   state reference: what the rollback solver needs.
+
+The epoch log, not Spark's checkpoint folder, is the source of truth: a region always
+(re)starts from the frontier the log (or a rollback plan) names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from falkirk.config import Config, load
+from falkirk.epochlog import EpochLog, EpochRecord, RegionLog
+from falkirk.errors import FalkirkError
+from falkirk.schemas import arrow_schema
+from falkirk.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
+from falkirk.topology import EdgeSpec, Pipeline
+
+log = logging.getLogger("falkirk.runtime")
+
+EOS_KEY = b"__falkirk_eos__"  # end-of-stream marker: this partition has passed every epoch
+EOS_TIMESTAMP = 2**62
+
+
+class RuntimeFailure(FalkirkError):
+    """A region cannot go on (its input is gone, its declaration does not fit the job)."""
+
+
+# ---- epochs and Kafka cuts ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EpochClock:
+    """Epochs are event-time windows: epoch = floor((ts - origin) / length)."""
+
+    origin_ms: int
+    length_ms: int
+
+    def epoch_of(self, ts_ms: int) -> int:
+        return (ts_ms - self.origin_ms) // self.length_ms
+
+    def end_ms(self, epoch: int) -> int:
+        """The first timestamp after ``epoch``."""
+        return self.origin_ms + (epoch + 1) * self.length_ms
+
+    @classmethod
+    def of(cls, pipeline: Pipeline) -> EpochClock:
+        s = pipeline.settings
+        return cls(int(s.get("origin_ms", 0)), int(s.get("epoch_seconds", 60) * 1000))
+
+
+class KafkaCut:
+    """Where each epoch ends in each partition of a topic, from the broker's time index.
+
+    The cut of epoch e in a partition is the first offset whose record timestamp is at or
+    after the end of e; the same input always gives the same cut. A record of an earlier
+    epoch that arrives after the cut is *late*: it falls into a later epoch's range,
+    where the region dead-letters it.
+    """
+
+    def __init__(self, bootstrap: str, topic: str):
+        from kafka import KafkaConsumer
+
+        self.topic = topic
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                      enable_auto_commit=False, client_id="falkirk-cut")
+        parts = self.consumer.partitions_for_topic(topic)
+        if not parts:
+            raise RuntimeFailure(f"topic {topic!r} does not exist on {bootstrap}")
+        from kafka import TopicPartition
+
+        self.tps = [TopicPartition(topic, p) for p in sorted(parts)]
+
+    def beginning(self) -> Offsets:
+        return Offsets({str(tp.partition): o
+                        for tp, o in self.consumer.beginning_offsets(self.tps).items()})
+
+    def cut(self, end_ms: int) -> Offsets | None:
+        """Offsets where the epoch ending at ``end_ms`` stops; None while incomplete."""
+        found = self.consumer.offsets_for_times({tp: end_ms for tp in self.tps})
+        if any(v is None for v in found.values()):
+            return None
+        return Offsets({str(tp.partition): v.offset for tp, v in found.items()})
+
+    def ended(self, position: Offsets) -> bool:
+        """Every partition is at its end-of-stream marker: no epoch will ever come."""
+        found = self.consumer.offsets_for_times({tp: EOS_TIMESTAMP for tp in self.tps})
+        ends = self.consumer.end_offsets(self.tps)
+        return all(
+            v is not None and v.offset == position.get(str(tp.partition))
+            and ends[tp] == v.offset + 1
+            for tp, v in found.items()
+        )
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+# ---- what a job provides ---------------------------------------------------------------
+
+
+@dataclass
+class EpochContext:
+    """Everything a job's transforms get for one epoch."""
+
+    epoch: int
+    generation: int
+    spark: Any
+    pipeline: Pipeline
+    inputs: dict[str, Any]  # input edge -> DataFrame of this epoch (Kafka) or "as of" (Delta)
+    state: dict[str, Any]  # stateful region -> its state (the job's own representation)
+    active: set[str]  # regions of the job that process this epoch (others are past it)
+
+
+@dataclass
+class EpochResult:
+    """What a job's transforms return: outputs per edge, and new state per region."""
+
+    outputs: dict[str, Any] = field(default_factory=dict)  # edge -> DataFrame
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class JobLogic(ABC):
+    """A job's pure part. Subclasses set ``regions`` and implement ``process``.
+
+    Stateful regions also say how their state becomes a keyed Arrow table (for the
+    incremental checkpoints) and back.
+    """
+
+    regions: tuple[str, ...] = ()
+
+    @abstractmethod
+    def process(self, ctx: EpochContext) -> EpochResult:
+        """Run the job's transforms on one epoch's inputs."""
+
+    def initial_state(self, region: str, spark: Any) -> Any:
+        return None
+
+    def state_schema(self, region: str) -> pa.Schema:
+        """Value columns of the region's checkpoints (besides the string ``key``)."""
+        raise RuntimeFailure(f"{type(self).__name__} keeps state for {region!r} but declares "
+                             "no state_schema")
+
+    def state_to_arrow(self, region: str, state: Any) -> pa.Table:
+        raise RuntimeFailure(f"{type(self).__name__} cannot checkpoint {region!r}")
+
+    def state_from_arrow(self, region: str, table: pa.Table, spark: Any) -> Any:
+        raise RuntimeFailure(f"{type(self).__name__} cannot restore {region!r}")
+
+
+# ---- the runner ------------------------------------------------------------------------
+
+
+def time_of(domain: str, epoch: int) -> Any:
+    """The JSON time a region logs once epoch ``epoch`` is done."""
+    return [epoch, "inf"] if DOMAINS[domain] is ITERATION else epoch
+
+
+def epoch_of_key(domain: str, key: Any) -> int:
+    """The last epoch wholly inside a frontier key (-1 for none)."""
+    dom = DOMAINS[domain]
+    if key == dom.bottom:
+        return -1
+    if dom is ITERATION:
+        return key[0] if key[1] == INF else key[0] - 1
+    return key
+
+
+class JobRunner:
+    """Runs a job's regions epoch by epoch; see the module docstring."""
+
+    def __init__(self, pipeline: Pipeline, logic: JobLogic, spark: Any,
+                 cfg: Config | None = None, epoch_log: EpochLog | None = None,
+                 start: dict[str, int] | None = None):
+        self.pipeline = pipeline
+        self.logic = logic
+        self.spark = spark
+        self.cfg = cfg or load()
+        self.log = epoch_log or EpochLog.from_config(self.cfg)
+        self.clock = EpochClock.of(pipeline)
+        unknown = set(logic.regions) - set(pipeline.regions)
+        if unknown:
+            raise RuntimeFailure(f"job {type(logic).__name__} runs regions {sorted(unknown)} "
+                                 f"that pipeline {pipeline.name!r} does not declare")
+        self.regions = list(logic.regions)
+        self.generation = self.log.generation(pipeline.name)
+        logs = self.log.regions(pipeline)
+        # Each region restarts after its frontier: given by a rollback, else its latest
+        # restorable entry in the log.
+        self.done: dict[str, int] = {}
+        for r in self.regions:
+            if start and r in start:
+                self.done[r] = start[r]
+            else:
+                rows = logs[r].restorable(pipeline.regions[r].regime)
+                spec = pipeline.regions[r]
+                self.done[r] = -1 if not rows else epoch_of_key(
+                    spec.domain, DOMAINS[spec.domain].parse(rows[-1].time))
+        self.state: dict[str, Any] = {}
+        self.state_tables: dict[str, pa.Table | None] = {}
+        self.checkpoints: dict[str, Any] = {}
+        for r in self.regions:
+            if pipeline.regions[r].keeps_state:
+                self._restore_state(r, logs[r])
+        self.positions: dict[str, Offsets] = {}  # Kafka input edge -> where the next epoch starts
+        self.cuts: dict[str, KafkaCut] = {}
+        for e in self._external_inputs():
+            self.cuts[e.name] = KafkaCut(self.cfg.kafka_bootstrap, e.topic)
+            self.positions[e.name] = self._start_offsets(e, logs)
+        self.writers: dict[tuple[str, str], Any] = {}
+
+    # -- setup --------------------------------------------------------------------------
+
+    def _external_inputs(self) -> list[EdgeSpec]:
+        out = []
+        for r in self.regions:
+            for e in self.pipeline.in_edges(r):
+                if e.kind == "kafka":
+                    out.append(e)
+        return out
+
+    def _start_offsets(self, edge: EdgeSpec, logs: dict[str, RegionLog]) -> Offsets:
+        """Where epoch done+1 starts: the end of the range logged for the frontier epoch."""
+        region = edge.dst
+        done = self.done[region]
+        if done < 0:
+            return self.cuts[edge.name].beginning()
+        spec = self.pipeline.regions[region]
+        row = logs[region].entries.get(DOMAINS[spec.domain].parse(time_of(spec.domain, done)))
+        rng = None if row is None else (row.inputs or {}).get(edge.name)
+        if rng is None:
+            raise RuntimeFailure(
+                f"region {region!r} restarts after epoch {done}, but the epoch log has no "
+                f"offset range of {edge.name!r} for that epoch: cannot know where to resume"
+            )
+        return Offsets(rng["to"])
+
+    def checkpoint_store(self, region: str):
+        from falkirk.checkpoints import CheckpointStore
+
+        if region not in self.checkpoints:
+            self.checkpoints[region] = CheckpointStore(
+                self.cfg.table("_falkirk_state", self.pipeline.name, region),
+                self.logic.state_schema(region), self.cfg.delta_storage_options or None)
+        return self.checkpoints[region]
+
+    def _restore_state(self, region: str, rlog: RegionLog) -> None:
+        done = self.done[region]
+        if done < 0:
+            self.state[region] = self.logic.initial_state(region, self.spark)
+            self.state_tables[region] = None
+            return
+        spec = self.pipeline.regions[region]
+        row = rlog.entries.get(DOMAINS[spec.domain].parse(time_of(spec.domain, done)))
+        if row is None or row.state_ref is None:
+            raise RuntimeFailure(
+                f"region {region!r} restarts after epoch {done}, but the epoch log names no "
+                "state checkpoint for it"
+            )
+        table = self.checkpoint_store(region).restore(int(row.state_ref.split(":")[-1]))
+        self.state_tables[region] = table
+        self.state[region] = self.logic.state_from_arrow(region, table, self.spark)
+        log.info("region %s: state restored from %s (%d keys)", region, row.state_ref,
+                 table.num_rows)
+
+    def writer(self, region: str, edge: EdgeSpec):
+        from falkirk.delta import EpochWriter
+
+        key = (region, edge.name)
+        if key not in self.writers:
+            w = EpochWriter(self.cfg.table(edge.table), region, self.generation,
+                            arrow_schema("tables", edge.table),
+                            self.cfg.delta_storage_options or None)
+            w.ensure_table()
+            self.writers[key] = w
+        return self.writers[key]
+
+    # -- the loop -----------------------------------------------------------------------
+
+    @property
+    def next_epoch(self) -> int:
+        return min(self.done.values()) + 1
+
+    def run(self, until_epoch: int | None = None, poll_s: float = 0.5,
+            idle_timeout_s: float | None = None, on_epoch: Callable[[int], None] | None = None
+            ) -> int:
+        """Process epochs until ``until_epoch`` (inclusive) or the input ends; return the
+        last epoch done."""
+        idle_since = time.monotonic()
+        while until_epoch is None or self.next_epoch <= until_epoch:
+            e = self.next_epoch
+            ready = self._ready(e)
+            if ready is None:  # the input ended: nothing more will come
+                break
+            if ready is False:
+                if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                    raise RuntimeFailure(
+                        f"job {'+'.join(self.regions)}: epoch {e} not complete at its inputs "
+                        f"after {idle_timeout_s:.0f} s")
+                time.sleep(poll_s)
+                continue
+            self.process_epoch(e, ready)
+            idle_since = time.monotonic()
+            if on_epoch is not None:
+                on_epoch(e)
+        return self.next_epoch - 1
+
+    def _ready(self, e: int) -> dict | None | bool:
+        """Input locations of epoch e when complete; False while not; None when ended."""
+        where: dict[str, Any] = {}
+        logs = None
+        for r in self.regions:
+            for edge in self.pipeline.in_edges(r):
+                if edge.kind == "unlogged":
+                    continue
+                if edge.kind == "kafka":
+                    cut = self.cuts[edge.name]
+                    position = self.positions[edge.name]
+                    if cut.ended(position):
+                        return None
+                    end = cut.cut(self.clock.end_ms(e))
+                    if end is None:
+                        return False
+                    # Never before where the previous epoch stopped (cuts only move on).
+                    where[edge.name] = (position, OFFSETS.join(position, end))
+                else:  # a logged Delta edge from another job's region
+                    needed = e - edge.delay
+                    if needed < 0:
+                        where[edge.name] = None  # nothing yet: read as empty
+                        continue
+                    logs = logs if logs is not None else self.log.regions(self.pipeline)
+                    sender = self.pipeline.regions[edge.src]
+                    row = logs[edge.src].entries.get(
+                        DOMAINS[sender.domain].parse(time_of(sender.domain, needed)))
+                    if row is None or row.status not in ("committed", "checkpointed"):
+                        return False
+                    version = (row.outputs or {}).get(edge.name, {}).get("version")
+                    if version is None:
+                        raise RuntimeFailure(
+                            f"region {edge.src!r} logged epoch {needed} without a version for "
+                            f"edge {edge.name!r}")
+                    where[edge.name] = version
+        return where
+
+    def process_epoch(self, e: int, where: dict) -> None:
+        from falkirk.delta import read_version
+        from falkirk.kafka_source import read_range
+
+        started = time.monotonic()
+        active = {r for r in self.regions if self.done[r] < e}
+        self.log.record(*(EpochRecord(self.pipeline.name, r, self._time(r, e), self.generation,
+                                      "running", note=f"pid {os.getpid()}") for r in active))
+        inputs: dict[str, Any] = {}
+        ranges: dict[str, dict] = {}
+        for r in self.regions:
+            for edge in self.pipeline.in_edges(r):
+                if edge.kind == "kafka":
+                    start, end = where[edge.name]
+                    ranges[edge.name] = {"from": start.as_dict(), "to": end.as_dict()}
+                    inputs[edge.name] = read_range(
+                        self.spark, self.cfg.kafka_bootstrap, edge.topic, start, end,
+                        self.pipeline.settings.get("value_schemas", {}).get(edge.topic))
+                elif edge.kind == "delta":
+                    version = where[edge.name]
+                    uri = self.cfg.table(edge.table)
+                    if version is None:
+                        inputs[edge.name] = self.spark.createDataFrame(
+                            [], _spark_schema(arrow_schema("tables", edge.table)))
+                    else:
+                        inputs[edge.name] = read_version(self.spark, uri, version,
+                                                         self.cfg.delta_storage_options or None)
+                        ranges[edge.name] = {"version": version}
+        ctx = EpochContext(e, self.generation, self.spark, self.pipeline, inputs,
+                           dict(self.state), active)
+        result = self.logic.process(ctx)
+
+        outputs: dict[str, dict[str, Any]] = {r: {} for r in self.regions}
+        for r in sorted(active):
+            for edge in self.pipeline.out_edges(r):
+                if edge.kind == "unlogged":
+                    continue
+                df = result.outputs.get(edge.name)
+                if df is None:
+                    raise RuntimeFailure(f"job {type(self.logic).__name__} produced nothing for "
+                                         f"edge {edge.name!r} of region {r!r} in epoch {e}")
+                if edge.kind == "delta":
+                    outputs[r][edge.name] = {"table": edge.table,
+                                             "version": self._commit(r, edge, df, e)}
+                else:
+                    outputs[r][edge.name] = {"topic": edge.topic,
+                                             "records": produce(df, self.cfg.kafka_bootstrap,
+                                                                edge.topic)}
+        rows = []
+        for r in sorted(active):
+            spec = self.pipeline.regions[r]
+            status, state_ref = "committed", None
+            if spec.keeps_state:
+                self.state[r] = result.state.get(r, self.state.get(r))
+                if spec.regime == "eager" or (e + 1) % (spec.checkpoint_every or 1) == 0:
+                    state_ref = self._checkpoint(r, e)
+                    status = "checkpointed"
+            mine = {k: v for k, v in ranges.items()
+                    if self.pipeline.edges[k].dst == r}
+            rows.append(EpochRecord(self.pipeline.name, r, self._time(r, e), self.generation,
+                                    status, inputs=mine or None, outputs=outputs[r] or None,
+                                    state_ref=state_ref, note=f"pid {os.getpid()}"))
+            self.done[r] = e
+        self.log.record(*rows)
+        for name, (_, end) in ((k, v) for k, v in where.items() if k in self.positions):
+            self.positions[name] = end
+        log.info("epoch %d done by %s in %.1f s", e, "+".join(sorted(active)),
+                 time.monotonic() - started)
+
+    def _time(self, region: str, e: int) -> Any:
+        return time_of(self.pipeline.regions[region].domain, e)
+
+    def _commit(self, region: str, edge: EdgeSpec, df: Any, e: int) -> int:
+        w = self.writer(region, edge)
+        result = w.write_epoch(df, e)
+        if result is not None:
+            return result.version
+        version = w.version_of(e)  # committed before a crash, in this generation
+        if version is None:
+            raise RuntimeFailure(f"{edge.table}: epoch {e} marked committed but not found")
+        return version
+
+    def _checkpoint(self, region: str, e: int) -> str:
+        from falkirk.checkpoints import diff
+
+        table = self.logic.state_to_arrow(region, self.state[region])
+        changed, deleted = diff(self.state_tables.get(region), table)
+        self.checkpoint_store(region).save(e, changed, deleted)
+        self.state_tables[region] = table
+        return f"checkpoint:{e}"
+
+    def close(self) -> None:
+        for cut in self.cuts.values():
+            cut.close()
+
+
+def _spark_schema(schema: pa.Schema):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+def produce(df: Any, bootstrap: str, topic: str) -> int:
+    """Send a DataFrame's rows to a topic as JSON, keyed by its first column; return count.
+
+    Produced from the executors. At-least-once: a rerun sends identical records again
+    and readers keep the latest per key.
+    """
+    columns = df.columns
+
+    def send(rows):
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+        n = 0
+        for row in rows:
+            record = row.asDict()
+            producer.send(topic, key=str(record[columns[0]]).encode(),
+                          value=json.dumps(record, sort_keys=True).encode())
+            n += 1
+        producer.flush()
+        producer.close()
+        yield n
+
+    return sum(df.rdd.mapPartitions(send).collect())
