@@ -37,7 +37,7 @@ import pyarrow as pa
 from falkirk.config import Config, load
 from falkirk.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.errors import FalkirkError
-from falkirk.schemas import arrow_schema
+from falkirk.schemas import SCHEMAS_DIR, arrow_schema, ddl
 from falkirk.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
 from falkirk.topology import EdgeSpec, Pipeline
 
@@ -291,7 +291,7 @@ class JobRunner:
     def writer(self, region: str, edge: EdgeSpec):
         from falkirk.delta import EpochWriter
 
-        key = (region, edge.name)
+        key = (region, edge.table)
         if key not in self.writers:
             w = EpochWriter(self.cfg.table(edge.table), region, self.generation,
                             arrow_schema("tables", edge.table),
@@ -384,7 +384,7 @@ class JobRunner:
                     ranges[edge.name] = {"from": start.as_dict(), "to": end.as_dict()}
                     inputs[edge.name] = read_range(
                         self.spark, self.cfg.kafka_bootstrap, edge.topic, start, end,
-                        self.pipeline.settings.get("value_schemas", {}).get(edge.topic))
+                        record_ddl(edge.topic))
                 elif edge.kind == "delta":
                     version = where[edge.name]
                     uri = self.cfg.table(edge.table)
@@ -401,16 +401,19 @@ class JobRunner:
 
         outputs: dict[str, dict[str, Any]] = {r: {} for r in self.regions}
         for r in sorted(active):
+            committed: dict[str, int] = {}  # table -> version (edges may share a table)
             for edge in self.pipeline.out_edges(r):
                 if edge.kind == "unlogged":
                     continue
-                df = result.outputs.get(edge.name)
-                if df is None:
+                df = result.outputs.get(edge.name, result.outputs.get(edge.table))
+                if df is None and edge.table not in committed:
                     raise RuntimeFailure(f"job {type(self.logic).__name__} produced nothing for "
                                          f"edge {edge.name!r} of region {r!r} in epoch {e}")
                 if edge.kind == "delta":
+                    if edge.table not in committed:
+                        committed[edge.table] = self._commit(r, edge, df, e)
                     outputs[r][edge.name] = {"table": edge.table,
-                                             "version": self._commit(r, edge, df, e)}
+                                             "version": committed[edge.table]}
                 else:
                     outputs[r][edge.name] = {"topic": edge.topic,
                                              "records": produce(df, self.cfg.kafka_bootstrap,
@@ -461,6 +464,13 @@ class JobRunner:
     def close(self) -> None:
         for cut in self.cuts.values():
             cut.close()
+
+
+def record_ddl(topic: str) -> str | None:
+    """The value schema of a topic's records, from schemas/records/<topic>.json if any."""
+    if not (SCHEMAS_DIR / "records" / f"{topic}.json").exists():
+        return None
+    return ddl("records", topic)
 
 
 def _spark_schema(schema: pa.Schema):
