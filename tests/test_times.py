@@ -93,7 +93,14 @@ def test_default_projections_between_domains():
     assert project(ITERATION, EPOCH, (4, INF)) == 4  # converged: epoch 4 is fixed
     assert project(ITERATION, EPOCH, (4, 2)) == 3  # mid-iteration: only epoch 3 is
     assert project(ITERATION, EPOCH, (0, 2)) == EPOCH.bottom
-    assert project(EPOCH, EPOCH, 4, delay=1) == 5  # a side input used one epoch later
-    assert project(ITERATION, EPOCH, (4, INF), delay=1) == 5
-    assert project(EPOCH, EPOCH, EPOCH.bottom, delay=1) == EPOCH.bottom
+    assert project(EPOCH, EPOCH, EPOCH.bottom) == EPOCH.bottom
     assert project(EPOCH, EPOCH, EPOCH.top) == EPOCH.top
+
+
+def test_shift_moves_times_by_epochs_for_delayed_edges():
+    from falkirk.times import INF, shift
+
+    assert shift(EPOCH, 5, -1) == 4  # a side input as of e - 1
+    assert shift(EPOCH, 0, -1) == EPOCH.bottom
+    assert shift(EPOCH, EPOCH.top, -1) == EPOCH.top
+    assert shift(ITERATION, (3, 2), -1) == (2, INF)

@@ -218,11 +218,27 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from falkirk.bench import solver_bench
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Seeded input for a pipeline, cut into the pipeline's epochs, produced to its topics."""
+    from falkirk import generate
 
-    solver_bench.main(args)
+    pipeline = _pipeline(args.pipeline)
+    s = pipeline.settings
+    if args.origin is None:
+        args.origin = s.get("origin_ms")
+    if args.epoch_seconds is None:
+        args.epoch_seconds = s.get("epoch_seconds", 10)
+    return generate.cli(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    importlib.import_module(f"falkirk.bench.{BENCHES[args.what]}").main(args)
     return 0
+
+
+BENCHES = {"solver": "solver_bench", "rework": "rework_bench"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,12 +286,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gc)
 
-    p = sub.add_parser("bench", help="print performance figures")
-    p.add_argument("what", choices=["solver"], help="which benchmark")
-    p.add_argument("--regions", type=int, default=10_000)
-    p.add_argument("--edges", type=int, default=30_000)
-    p.add_argument("--frontiers", type=int, default=50)
+    p = sub.add_parser("generate", help="seeded, deterministic input for the reference pipeline")
+    p.add_argument("--pipeline", help="declared pipeline (default: the only one declared)")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--events", type=int, default=10_000)
+    p.add_argument("--queries", type=int, default=1_000)
+    p.add_argument("--users", type=int, default=500)
+    p.add_argument("--items", type=int, default=200)
+    p.add_argument("--categories", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=10, help="epochs the event times span")
+    p.add_argument("--epoch-seconds", type=float, help="default: the pipeline's setting")
+    p.add_argument("--origin", help="ISO time or ms (default: the pipeline's setting)")
+    p.add_argument("--malformed", type=float, default=0.01, help="fraction of bad records")
+    p.add_argument("--late", type=float, default=0.01, help="fraction of late records")
+    p.add_argument("--rate", type=float, help="records/s (default: one bounded burst)")
+    p.add_argument("--bootstrap", help="broker (default: the config's; '-' = only summarise)")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("bench", help="print performance figures")
+    p.add_argument("what", choices=list(BENCHES), help="which benchmark")
+    p.add_argument("--regions", type=int, default=10_000, help="solver: regions")
+    p.add_argument("--edges", type=int, default=30_000, help="solver: edges")
+    p.add_argument("--frontiers", type=int, default=50, help="solver: frontiers per region")
+    p.add_argument("--seed", type=int, default=7, help="solver: random graph seed")
+    p.add_argument("--epochs", type=int, default=9, help="rework: epochs of input")
+    p.add_argument("--kill-epoch", type=int, default=7, help="rework: kill communities in it")
+    p.add_argument("--events", type=int, default=2000, help="rework: events of input")
     p.set_defaults(func=cmd_bench)
     return parser
 

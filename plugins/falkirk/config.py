@@ -27,6 +27,7 @@ class Config:
     spark_shuffle_partitions: int = 2
     spark_ui: bool = False
     broker_data_dir: str = ""  # where the local broker keeps its data (local only)
+    var_dir: str = str(REPO_ROOT / "var")  # pid files, logs, locks of this machine
     storage_options: tuple[tuple[str, str], ...] = ()  # for delta-rs on an object store
 
     def table(self, *parts: str) -> str:

@@ -49,6 +49,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from falkirk.faults import maybe_crash
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -319,7 +321,9 @@ class EpochWriter:
         """
         if self.is_committed(epoch):
             return None
-        return self.commit(self.stage(df, epoch))
+        staged = self.stage(df, epoch)
+        maybe_crash("writer:before-commit")
+        return self.commit(staged)
 
     def stage(self, df: DataFrame, epoch: int) -> StagedEpoch:
         """Executors write the epoch's Parquet files into a new staging folder (no collect)."""

@@ -29,7 +29,7 @@ import pyarrow as pa
 from falkirk.errors import FalkirkError
 from falkirk.frontier import Edge, Entry, Problem, Region
 from falkirk.schemas import arrow_schema
-from falkirk.times import DOMAINS, Domain, Offsets, project
+from falkirk.times import DOMAINS, Domain, Offsets, project, shift
 from falkirk.topology import Pipeline
 
 STATUSES = ("running", "committed", "checkpointed", "invalidated")
@@ -296,12 +296,12 @@ class EpochLog:
                     ed = edges[e.name].domain
                     given = (r.delivered or {}).get(e.name) if r else None
                     delivered[e.name] = ed.parse(given) if given is not None else (
-                        project(dom, ed, at) if not live else ed.bottom)
+                        shift(ed, project(dom, ed, at), -e.delay) if not live else ed.bottom)
                 projected, discarded = {}, {}
                 for e in outs:
                     ed = edges[e.name].domain
                     given = (r.projected or {}).get(e.name) if (r and not live) else None
-                    pi = ed.parse(given) if given is not None else project(dom, ed, at, e.delay)
+                    pi = ed.parse(given) if given is not None else project(dom, ed, at)
                     projected[e.name] = pi
                     given_d = (r.discarded or {}).get(e.name) if (r and not live) else None
                     if given_d is not None:
@@ -326,8 +326,8 @@ class EpochLog:
                     for e in ins:
                         ed = edges[e.name].domain
                         given = (r.delivered or {}).get(e.name)
-                        got = ed.parse(given) if given is not None else project(
-                            dom, ed, dom.parse(r.time))
+                        got = ed.parse(given) if given is not None else shift(
+                            ed, project(dom, ed, dom.parse(r.time)), -e.delay)
                         live.delivered[e.name] = ed.join(live.delivered[e.name], got)
             latest = log.latest
             region = Region(

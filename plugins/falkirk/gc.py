@@ -24,7 +24,7 @@ from falkirk.config import Config, load
 from falkirk.epochlog import EpochLog
 from falkirk.frontier import low_watermark
 from falkirk.runtime import epoch_of_key, time_of
-from falkirk.times import DOMAINS, Offsets
+from falkirk.times import DOMAINS, Offsets, shift
 from falkirk.topology import Pipeline
 
 
@@ -76,7 +76,8 @@ def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog |
         if edge.kind != "delta" or edge.dst is None:
             continue
         w = wm[edge.dst]
-        report.collected[edge.name] = w.to_json()
+        dom = w.domain
+        report.collected[edge.name] = dom.dump(shift(dom, w.key, -edge.delay))
         sender_epoch = done_epoch[edge.dst] - edge.delay
         through_by_table.setdefault(edge.table, []).append(sender_epoch)
     for edge in pipeline.edges.values():  # tables also read outside the pipeline: keep

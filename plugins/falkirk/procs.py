@@ -18,8 +18,12 @@ from pathlib import Path
 from falkirk.config import REPO_ROOT, Config, load
 from falkirk.topology import Pipeline
 
-RUN_DIR = REPO_ROOT / "var" / "run"
-LOG_DIR = REPO_ROOT / "var" / "log"
+
+def _dirs(cfg: Config | None) -> tuple[Path, Path]:
+    """(pid files, logs) of this machine's profile."""
+    var = Path((cfg or load()).var_dir)
+    return var / "run", var / "log"
+
 
 
 def jobs_of(pipeline: Pipeline) -> dict[str, list[str]]:
@@ -51,16 +55,18 @@ def _env() -> dict[str, str]:
 
 
 def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
-              cfg: Config | None = None, run_dir: Path | None = None) -> subprocess.Popen:
-    """Start a job in its own process group; its output goes to var/log/<job>.log."""
-    run_dir = (run_dir or RUN_DIR) / pipeline.name
+              cfg: Config | None = None, env: dict[str, str] | None = None
+              ) -> subprocess.Popen:
+    """Start a job in its own process group; its output goes to var/log/<pipeline>-<job>.log."""
+    run_root, log_dir = _dirs(cfg)
+    run_dir = run_root / pipeline.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
     name = Path(job).stem
-    out = open(LOG_DIR / f"{pipeline.name}-{name}.log", "ab")  # noqa: SIM115 - child keeps it
+    out = open(log_dir / f"{pipeline.name}-{name}.log", "ab")  # noqa: SIM115 - child keeps it
     cmd = job_command(job, ["--pipeline", pipeline.source or pipeline.name, *(args or [])], cfg)
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(),
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                            env={**_env(), **(env or {})}, start_new_session=True)
     out.close()
     (run_dir / f"{name}.json").write_text(json.dumps({
         "pid": proc.pid, "pgid": proc.pid, "job": job, "regions": jobs_of(pipeline)[job],
@@ -69,9 +75,9 @@ def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
     return proc
 
 
-def running(pipeline: Pipeline, run_dir: Path | None = None) -> list[dict]:
+def running(pipeline: Pipeline, cfg: Config | None = None) -> list[dict]:
     """The job processes of a pipeline that are alive now."""
-    folder = (run_dir or RUN_DIR) / pipeline.name
+    folder = _dirs(cfg)[0] / pipeline.name
     out = []
     for f in sorted(folder.glob("*.json")) if folder.exists() else []:
         info = json.loads(f.read_text())
@@ -115,10 +121,10 @@ def stop_group(pgid: int, timeout_s: float = 30.0) -> None:
             time.sleep(0.2)
 
 
-def stop_regions(pipeline: Pipeline, regions: set[str], run_dir: Path | None = None) -> list[str]:
+def stop_regions(pipeline: Pipeline, regions: set[str], cfg: Config | None = None) -> list[str]:
     """Stop every running job that hosts one of ``regions``; return the jobs stopped."""
     stopped = []
-    for info in running(pipeline, run_dir):
+    for info in running(pipeline, cfg):
         if set(info["regions"]) & regions:
             stop_group(info["pgid"])
             stopped.append(info["job"])

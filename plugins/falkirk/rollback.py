@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from falkirk.config import REPO_ROOT, Config, load
+from falkirk.config import Config, load
 from falkirk.epochlog import EpochLog, EpochRecord
 from falkirk.errors import FalkirkError
+from falkirk.faults import maybe_crash
 from falkirk.frontier import Plan, check_plan, solve
 from falkirk.runtime import epoch_of_key
 from falkirk.times import DOMAINS
@@ -182,7 +183,7 @@ class RollbackExecutor:
         self.cfg = cfg or load()
         self.log = epoch_log or EpochLog.from_config(self.cfg)
         self.stop_regions = stop_regions
-        self.lock_dir = lock_dir or REPO_ROOT / "var" / "locks"
+        self.lock_dir = lock_dir or Path(self.cfg.var_dir) / "locks"
 
     # -- the lock -------------------------------------------------------------------------
 
@@ -253,6 +254,7 @@ class RollbackExecutor:
             say(f"restoring table {t.table} to version {t.to_version} ({t.region})")
             rollback_table(self.cfg.table(t.table), t.to_version,
                            self.cfg.delta_storage_options or None)
+            maybe_crash("rollback:after-first-table")
         for region in sorted(affected):
             spec = self.pipeline.regions[region]
             if spec.keeps_state:

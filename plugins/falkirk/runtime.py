@@ -23,9 +23,10 @@ The epoch log, not Spark's checkpoint folder, is the source of truth: a region a
 
 from __future__ import annotations
 
-import json
+import argparse
 import logging
 import os
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -157,6 +158,9 @@ class JobLogic(ABC):
     @abstractmethod
     def process(self, ctx: EpochContext) -> EpochResult:
         """Run the job's transforms on one epoch's inputs."""
+
+    def finish_epoch(self, ctx: EpochContext) -> None:  # noqa: B027 - an optional hook
+        """Called once the epoch's outputs are committed (free cached data here)."""
 
     def initial_state(self, region: str, spark: Any) -> Any:
         return None
@@ -294,7 +298,7 @@ class JobRunner:
         key = (region, edge.table)
         if key not in self.writers:
             w = EpochWriter(self.cfg.table(edge.table), region, self.generation,
-                            arrow_schema("tables", edge.table),
+                            arrow_schema("tables", edge.table_schema),
                             self.cfg.delta_storage_options or None)
             w.ensure_table()
             self.writers[key] = w
@@ -390,7 +394,7 @@ class JobRunner:
                     uri = self.cfg.table(edge.table)
                     if version is None:
                         inputs[edge.name] = self.spark.createDataFrame(
-                            [], _spark_schema(arrow_schema("tables", edge.table)))
+                            [], _spark_schema(arrow_schema("tables", edge.table_schema)))
                     else:
                         inputs[edge.name] = read_version(self.spark, uri, version,
                                                          self.cfg.delta_storage_options or None)
@@ -434,6 +438,7 @@ class JobRunner:
                                     state_ref=state_ref, note=f"pid {os.getpid()}"))
             self.done[r] = e
         self.log.record(*rows)
+        self.logic.finish_epoch(ctx)
         for name, (_, end) in ((k, v) for k, v in where.items() if k in self.positions):
             self.positions[name] = end
         log.info("epoch %d done by %s in %.1f s", e, "+".join(sorted(active)),
@@ -480,25 +485,75 @@ def _spark_schema(schema: pa.Schema):
 
 
 def produce(df: Any, bootstrap: str, topic: str) -> int:
-    """Send a DataFrame's rows to a topic as JSON, keyed by its first column; return count.
+    """Send a DataFrame of ``key`` and ``value`` strings to a topic; return how many.
 
     Produced from the executors. At-least-once: a rerun sends identical records again
     and readers keep the latest per key.
     """
-    columns = df.columns
+    if df.columns != ["key", "value"]:
+        raise RuntimeFailure(f"output for topic {topic!r} must have columns key, value; "
+                             f"got {df.columns}")
 
     def send(rows):
         from kafka import KafkaProducer
 
         producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
         n = 0
-        for row in rows:
-            record = row.asDict()
-            producer.send(topic, key=str(record[columns[0]]).encode(),
-                          value=json.dumps(record, sort_keys=True).encode())
+        for key, value in rows:
+            producer.send(topic, key=None if key is None else key.encode(),
+                          value=None if value is None else value.encode())
             n += 1
         producer.flush()
         producer.close()
         yield n
 
     return sum(df.rdd.mapPartitions(send).collect())
+
+
+# ---- the entry point of every job -------------------------------------------------------
+
+
+def parser(logic: JobLogic) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=type(logic).__name__,
+        description=f"Run region(s) {', '.join(logic.regions)} epoch by epoch.")
+    p.add_argument("--pipeline", default="reference",
+                   help="declared pipeline name or declaration file (default: reference)")
+    p.add_argument("--until-epoch", type=int,
+                   help="stop after this epoch (default: run until the input ends)")
+    p.add_argument("--epoch", type=int,
+                   help="run exactly this epoch (a batch region's run for one data interval)")
+    p.add_argument("--idle-timeout", type=float,
+                   help="fail when the next epoch is not complete after this many seconds")
+    p.add_argument("--poll", type=float, default=0.5, help="seconds between input checks")
+    return p
+
+
+def main(logic: JobLogic, argv: list[str] | None = None) -> int:
+    """Run a job: ``spark-submit jobs/<job>.py --pipeline reference [--until-epoch N]``."""
+    from falkirk.spark import register_sources, session
+    from falkirk.topology import load_pipeline
+
+    args = parser(logic).parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        pipeline = load_pipeline(args.pipeline)
+        spark = session(f"falkirk-{pipeline.name}-{'+'.join(logic.regions)}")
+        register_sources(spark)
+        start = None
+        until = args.until_epoch
+        if args.epoch is not None:
+            start = {r: args.epoch - 1 for r in logic.regions}
+            until = args.epoch
+        runner = JobRunner(pipeline, logic, spark, start=start)
+        try:
+            last = runner.run(until_epoch=until, poll_s=args.poll,
+                              idle_timeout_s=args.idle_timeout)
+        finally:
+            runner.close()
+        log.info("%s: done through epoch %d", "+".join(logic.regions), last)
+        return 0
+    except FalkirkError as exc:
+        log.error("%s", exc)
+        return 2

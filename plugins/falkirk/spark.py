@@ -8,6 +8,17 @@ import sys
 from falkirk.config import Config, load
 
 
+def conform(df, table: str):
+    """``df`` with the columns of ``schemas/tables/<table>.json``, in order, with its types."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from falkirk.schemas import arrow_schema
+
+    schema = from_arrow_schema(arrow_schema("tables", table))
+    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
+
+
 def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     """A Spark session for this machine's profile.
 
@@ -41,3 +52,12 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def register_sources(spark) -> None:
+    """Make ``format("falkirk_kafka")`` and ``format("falkirk_delta")`` available."""
+    from falkirk.delta import register_source
+    from falkirk.kafka_source import KafkaDataSource
+
+    spark.dataSource.register(KafkaDataSource)
+    register_source(spark)

@@ -397,29 +397,39 @@ class EpochRanges:
         raise TimeError(f"no offsets were logged for epoch {epoch}")
 
 
-def project(src: Domain, dst: Domain, key: Any, delay: int = 0) -> Any:
+def project(src: Domain, dst: Domain, key: Any) -> Any:
     """The default projection π_e of a frontier of ``src`` onto an edge into ``dst``.
 
     Epoch to epoch: k. An epoch into an iterating region: (k, ∞), the whole epoch.
     An iterating region's (k, i) back into epochs: k once epoch k has converged
-    (i = ∞), else k - 1. Bottom and top project to bottom and top. ``delay`` shifts
-    epochs for an edge whose receiver uses epoch k at its epoch k + delay.
+    (i = ∞), else k - 1. Bottom and top project to bottom and top.
     """
     if key == src.bottom:
         return dst.bottom
     if key == src.top:
         return dst.top
-    if src is ITERATION:
+    if src is dst:
+        return key
+    if src is EPOCH and dst is ITERATION:
+        return (key, INF)
+    if src is ITERATION and dst is EPOCH:
         epoch, iteration = key
-        if dst is ITERATION:
-            return (epoch + delay, iteration) if delay else key
-        epoch = epoch if iteration == INF else epoch - 1
-    elif src is EPOCH:
-        epoch = key
-    else:
-        raise TimeError(f"no projection from {src.name} onto {dst.name}")
-    if dst is EPOCH:
-        return epoch + delay if epoch >= 0 else dst.bottom
-    if dst is ITERATION:
-        return (epoch + delay, INF) if epoch >= 0 else dst.bottom
+        return epoch if iteration == INF else epoch - 1
     raise TimeError(f"no projection from {src.name} onto {dst.name}")
+
+
+def shift(dom: Domain, key: Any, epochs: int) -> Any:
+    """``key`` moved by whole epochs (bottom when it moves below epoch 0).
+
+    A side input read "as of the previous epoch" is an edge with a delay: its records
+    carry the sender's epochs, and the receiver at epoch e has delivered those up to
+    e - delay.
+    """
+    if key == dom.bottom or key == dom.top or not epochs:
+        return key
+    if dom is EPOCH:
+        return key + epochs if key + epochs >= 0 else dom.bottom
+    if dom is ITERATION:
+        epoch = key[0] + epochs
+        return (epoch, INF) if epoch >= 0 else dom.bottom
+    raise TimeError(f"cannot shift {dom.name} times by epochs")

@@ -56,8 +56,14 @@ class EdgeSpec:
     partitions: int = 1
     table: str | None = None
     # The receiver uses the sender's epoch k at its own epoch k + delay (a side input read
-    # "as of the previous epoch" has delay 1): the edge's times are the receiver's.
+    # "as of the previous epoch" has delay 1). Records keep the sender's epochs; the
+    # receiver at epoch e has delivered them up to e - delay.
     delay: int = 0
+    schema: str | None = None  # schemas/tables/<schema>.json when it differs from the table
+
+    @property
+    def table_schema(self) -> str:
+        return self.schema or self.table
 
     @property
     def logged(self) -> bool:
@@ -161,7 +167,8 @@ class Pipeline:
             where = f"edge {ename!r}"
             if not isinstance(spec, dict):
                 raise fail(where, "expected a mapping")
-            extra = set(spec) - {"kind", "from", "to", "topic", "partitions", "table", "delay"}
+            extra = set(spec) - {"kind", "from", "to", "topic", "partitions", "table", "delay",
+                                 "schema"}
             if extra:
                 raise fail(where, f"unknown keys {sorted(extra)}")
             kind = spec.get("kind")
@@ -193,7 +200,7 @@ class Pipeline:
             if not isinstance(delay, int) or delay < 0:
                 raise fail(where, f"delay must be an integer ≥ 0, got {delay!r}")
             edges[ename] = EdgeSpec(ename, kind, src, dst, spec.get("topic"), partitions,
-                                    spec.get("table"), delay)
+                                    spec.get("table"), delay, spec.get("schema"))
 
         pipeline = cls(name, regions, edges, dict(raw.get("settings") or {}), origin)
         pipeline._check_cycles(fail)

@@ -1,0 +1,67 @@
+"""Region ``popularity``: the top items per category over a sliding window of epochs.
+
+A pure transform from the ``purchases`` table to one ``item_popularity`` snapshot per
+epoch; the runtime reads the window's purchases and writes the snapshot. It keeps no
+state between epochs (each snapshot is recomputed from the window), so any epoch can be
+recomputed alone after a rollback and gives the same rows.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from falkirk.runtime import EpochContext, EpochResult, JobLogic, main
+from falkirk.spark import conform
+
+REGION = "popularity"
+DEFAULT_WINDOW = 3
+DEFAULT_TOP_N = 10
+
+
+def transform(purchases_df: DataFrame, epoch: int, window: int, top_n: int) -> DataFrame:
+    """Items ranked by revenue per category over epochs (epoch - window, epoch].
+
+    Revenue is summed in integer cents (exact, order-independent) and ranks are unique:
+    revenue descending, then item_id ascending. Only ranks <= ``top_n`` are kept; the
+    output's ``epoch`` is ``epoch``. Rows of ``purchases_df`` outside the window are
+    ignored, so the caller may pass more than the window.
+    """
+    if window < 1 or top_n < 1:
+        raise ValueError(f"window and top_n must be ≥ 1, got window={window}, top_n={top_n}")
+    in_window = (F.col("epoch") > epoch - window) & (F.col("epoch") <= epoch)
+    totals = (
+        purchases_df.filter(in_window)
+        .groupBy("category", "item_id")
+        .agg(
+            F.sum("purchases").alias("purchases"),
+            F.sum(F.round(F.col("revenue") * 100).cast("long")).alias("cents"),
+        )
+    )
+    order = Window.partitionBy("category").orderBy(F.col("cents").desc(), F.col("item_id").asc())
+    ranked = (
+        totals.withColumn("rank", F.row_number().over(order))
+        .filter(F.col("rank") <= top_n)
+        .withColumn("revenue", F.col("cents") / F.lit(100.0))
+        .withColumn("epoch", F.lit(epoch))
+    )
+    return conform(ranked, "item_popularity")
+
+
+class PopularityJob(JobLogic):
+    """Batch: one epoch per run (an Airflow data interval); recomputed from the window."""
+
+    regions = (REGION,)
+
+    def process(self, ctx: EpochContext) -> EpochResult:
+        s = ctx.pipeline.settings
+        top = transform(ctx.inputs["purchases"], ctx.epoch,
+                        int(s.get("popularity_window", DEFAULT_WINDOW)),
+                        int(s.get("top_n", DEFAULT_TOP_N)))
+        return EpochResult(outputs={"item_popularity": top})
+
+
+if __name__ == "__main__":
+    sys.exit(main(PopularityJob()))
