@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 
 from falkirk import generate as G
 from falkirk.kafka_source import parse_value_schema, source_schema
-from falkirk.schemas import definition
+from falkirk.schemas import ddl, definition
 
 ORIGIN = G.DEFAULT_ORIGIN_MS
 EPOCH_MS = 10_000
@@ -96,11 +96,11 @@ def test_fractions_and_shape_of_the_stream(generated):
 
 
 def test_value_schema_and_origin_parsing():
-    assert G.value_schema_ddl("events") == (
+    assert ddl("records", "events") == (
         "event_id string, user_id long, item_id long, category string, kind string, "
         "amount double, ts long"
     )
-    assert G.value_schema_ddl("queries") == "query_id string, user_id long, ts long"
+    assert ddl("records", "queries") == "query_id string, user_id long, ts long"
     assert G.parse_origin("2024-01-01T00:00:00Z") == 1_704_067_200_000
     assert G.parse_origin("2024-01-01T01:00:00+01:00") == 1_704_067_200_000
     assert G.parse_origin("2024-01-01 00:00:01") == 1_704_067_201_000  # UTC without a zone
@@ -145,8 +145,8 @@ def parse_like_the_source(value: bytes, fields: list[tuple[str, str]]) -> tuple[
 def source_like(spark, records: list[G.Record], partitions: int = 3):
     """The records as the source would return them, with the epoch each is processed in:
     on its partition, the epoch of the largest timestamp at or before it."""
-    ddl = G.value_schema_ddl("events")
-    fields = [tuple(f.split()) for f in ddl.split(", ")]
+    value_ddl = ddl("records", "events")
+    fields = [tuple(f.split()) for f in value_ddl.split(", ")]
     reached: dict[int, int] = {}
     offsets: Counter = Counter()
     rows = []
@@ -157,7 +157,7 @@ def source_like(spark, records: list[G.Record], partitions: int = 3):
         rows.append(("events", p, offsets[p], key.decode(), ts, value.decode(), *parsed, error,
                      reached[p]))  # fmt: skip
         offsets[p] += 1
-    schema = source_schema(parse_value_schema(ddl)).add("processing_epoch", "long")
+    schema = source_schema(parse_value_schema(value_ddl)).add("processing_epoch", "long")
     return spark.createDataFrame(rows, schema)
 
 
