@@ -22,3 +22,11 @@ def broker(tmp_path_factory):
 
     with LocalBroker(tmp_path_factory.mktemp("broker")) as b:
         yield b
+
+
+@pytest.fixture
+def world(tmp_path):
+    """The small pipeline of tests/tiny_pipeline.py after a few epochs (no Spark)."""
+    from tiny_pipeline import make_world
+
+    return make_world(tmp_path)

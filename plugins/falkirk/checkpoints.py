@@ -49,6 +49,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
 from falkirk.errors import FalkirkError
+from falkirk.lake import read_table
 
 CHECKPOINT = "checkpoint"
 KEY = "key"
@@ -387,8 +388,8 @@ class CheckpointStore:
         return self._restore_at(version, checkpoint_id)
 
     def _restore_at(self, version: int, checkpoint_id: int) -> pa.Table:
-        dataset = self._table(version).to_pyarrow_dataset()
-        rows = dataset.to_table(filter=pc.field(CHECKPOINT) <= checkpoint_id)
+        rows = read_table(self.uri, version, filters=[(CHECKPOINT, "<=", checkpoint_id)],
+                          storage_options=self.storage_options)
         return latest_rows(rows).select(self.state_schema.names).cast(self.state_schema)
 
     # -- rollback --------------------------------------------------------------------------

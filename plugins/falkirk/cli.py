@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -325,5 +326,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def run() -> None:
+    """The console script: ``main`` then a hard exit once output is flushed.
+
+    delta-rs can abort an interpreter at exit after all work is done (threads still
+    alive at finalisation, delta-io/delta-rs#2184); nothing is left to finalise here.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

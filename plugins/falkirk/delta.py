@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -50,6 +50,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from falkirk.faults import maybe_crash
+from falkirk.lake import local_path, table_filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -81,35 +82,11 @@ def staging_name(epoch: int, generation: int) -> str:
 # Locations
 
 
-def _local_path(table_uri: str) -> str | None:
-    """The local folder of a table URI, or None for an object store."""
-    if "://" not in table_uri:
-        return os.path.abspath(table_uri)
-    parsed = urlparse(table_uri)
-    if parsed.scheme == "file":
-        return unquote(parsed.path)
-    return None
-
-
 def _spark_uri(uri: str) -> str:
     """A location as Spark's Hadoop file systems name it (s3:// is s3a:// there)."""
     if uri.startswith("s3://"):
         return "s3a://" + uri[len("s3://") :]
     return uri
-
-
-def _table_filesystem(table_uri: str, storage_options: dict[str, str] | None) -> pafs.FileSystem:
-    """A pyarrow file system rooted at the table folder (paths are relative to the root).
-
-    Local tables use pyarrow's own file system (fast footer and data reads); object stores go
-    through delta-rs's storage handler so the same ``storage_options`` work as for the table.
-    """
-    local = _local_path(table_uri)
-    if local is not None:
-        return pafs.SubTreeFileSystem(local, pafs.LocalFileSystem())
-    from deltalake.fs import DeltaStorageHandler
-
-    return pafs.PyFileSystem(DeltaStorageHandler(table_uri, storage_options))
 
 
 def _spark_schema(table: DeltaTable) -> StructType:
@@ -266,7 +243,7 @@ class EpochWriter:
         self.schema = schema
         self.storage_options = storage_options
         self.app_id = app_id_for(region, generation)
-        self._fs = _table_filesystem(self.table_uri, storage_options)
+        self._fs = table_filesystem(self.table_uri, storage_options)
         self._table: DeltaTable | None = None
 
     # -- table ---------------------------------------------------------------------------
@@ -537,7 +514,7 @@ def vacuum_orphans(
     those files are orphans too until committed. A real vacuum adds two commits to the log.
     """
     table = DeltaTable(table_uri, storage_options=storage_options)
-    fs = _table_filesystem(table_uri.rstrip("/"), storage_options)
+    fs = table_filesystem(table_uri.rstrip("/"), storage_options)
     first = _earliest_log_version(fs) if keep_from_version is None else keep_from_version
     removed = table.vacuum(
         retention_hours=retention_hours,
@@ -546,7 +523,7 @@ def vacuum_orphans(
         full=True,
         keep_versions=list(range(first, table.version() + 1)),
     )
-    local = _local_path(table_uri)
+    local = local_path(table_uri)
     if local is not None and not dry_run:
         _remove_empty_folders(local)
     return sorted(removed)
@@ -632,7 +609,7 @@ class _DeltaLog:
     @property
     def fs(self) -> pafs.FileSystem:
         if self._fs is None:
-            self._fs = _table_filesystem(self.table_uri, self.storage_options)
+            self._fs = table_filesystem(self.table_uri, self.storage_options)
         return self._fs
 
     def latest_version(self) -> int:
@@ -717,7 +694,7 @@ def _read_files(
     batch_size: int = 65_536,
 ) -> Iterator[pa.RecordBatch]:
     """Record batches of exactly ``schema`` from data files (missing columns become nulls)."""
-    fs = _table_filesystem(table_uri, storage_options)
+    fs = table_filesystem(table_uri, storage_options)
     for path in paths:
         parquet = pq.ParquetFile(path, filesystem=fs)
         present = set(parquet.schema_arrow.names)

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from falkirk.errors import FalkirkError
 from falkirk.frontier import Edge, Entry, Problem, Region
+from falkirk.lake import read_table
 from falkirk.schemas import arrow_schema
 from falkirk.times import DOMAINS, Domain, Offsets, project, shift
 from falkirk.topology import Pipeline
@@ -191,8 +192,8 @@ class EpochLog:
         uri = self.uri(table)
         if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
             return []
-        dt = DeltaTable(uri, storage_options=self.storage_options)
-        return dt.to_pyarrow_table(filters=[("pipeline", "=", pipeline)]).to_pylist()
+        return read_table(uri, filters=[("pipeline", "=", pipeline)],
+                          storage_options=self.storage_options).to_pylist()
 
     def records(self, pipeline: str) -> list[EpochRecord]:
         """Every row of a pipeline, in the order they were recorded."""

@@ -99,6 +99,7 @@ def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog |
         rng = None if row is None else (row.inputs or {}).get(edge.name)
         if rng is not None:
             report.acknowledged[edge.topic] = rng["to"]
+            report.collected[edge.name] = wm[edge.dst].to_json()
 
     if apply:
         _apply(pipeline, cfg, log, report, logs, opts, vacuum_retention_hours)
@@ -118,7 +119,10 @@ def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport, log
         if store is not None:
             store.retain(keep_from)
     for edge, through in report.collected.items():
-        log.record_collected(pipeline.name, edge, through)
+        topic = pipeline.edges[edge].topic
+        offsets = report.acknowledged.get(topic) if topic else None
+        log.record_collected(pipeline.name, edge, through,
+                             None if offsets is None else Offsets(offsets))
     for table, epoch in report.deleted_through.items():
         uri = cfg.table(table)
         if DeltaTable.is_deltatable(uri, storage_options=opts):

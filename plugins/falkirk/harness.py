@@ -188,6 +188,8 @@ class LocalRun:
         """Every Delta output table of the pipeline, rows sorted (for exact comparison)."""
         from deltalake import DeltaTable
 
+        from falkirk.lake import read_table
+
         out = {}
         for edge in self.pipeline.edges.values():
             if edge.kind != "delta" or edge.table in out:
@@ -196,7 +198,7 @@ class LocalRun:
             if not DeltaTable.is_deltatable(uri):
                 out[edge.table] = []
                 continue
-            rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+            rows = read_table(uri).to_pylist()
             out[edge.table] = sorted(rows, key=lambda r: json.dumps(r, sort_keys=True,
                                                                     default=str))
         return out

@@ -132,6 +132,7 @@ def build_plan(pipeline: Pipeline, log: EpochLog, request: RollbackRequest) -> R
                 f"(latest: {'nothing' if current is None else dom.describe(current)}): "
                 "nothing to go back from")
     plan: Plan = solve(problem, with_low_watermark=False)
+    _refuse_acknowledged_input(pipeline, log, problem, plan)
     violations = check_plan(problem, {n: f.key for n, f in plan.frontiers.items()})
     if violations:  # the solver's own guarantee; checked again before anything changes
         raise RollbackError(f"inconsistent plan: {violations}")
@@ -170,6 +171,26 @@ def build_plan(pipeline: Pipeline, log: EpochLog, request: RollbackRequest) -> R
         invalidate=invalidate,
         replay=[r.to_json() for r in plan.replay], rerun=[r.to_json() for r in plan.rerun],
     )
+
+
+def _refuse_acknowledged_input(pipeline: Pipeline, log: EpochLog, problem, plan: Plan) -> None:
+    """A region cannot go back to before input that garbage collection acknowledged.
+
+    Edges between regions carry that in D_e for the solver; an input topic from outside
+    has no sender in the problem, so it is checked here.
+    """
+    collected = log.collected(pipeline.name)
+    for edge in pipeline.edges.values():
+        if edge.kind != "kafka" or edge.src is not None or edge.name not in collected:
+            continue
+        dom = problem.regions[edge.dst].domain
+        gone = dom.parse(collected[edge.name][0])
+        chosen = plan.frontiers[edge.dst]
+        if not dom.leq(gone, chosen.key):
+            raise RollbackError(
+                f"region {edge.dst!r} would go back to {chosen}, but its input topic "
+                f"{edge.topic!r} was acknowledged through epoch {dom.describe(gone)} by "
+                "garbage collection: those records may be gone. Choose a later epoch.")
 
 
 class RollbackExecutor:

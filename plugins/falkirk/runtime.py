@@ -553,7 +553,17 @@ def main(logic: JobLogic, argv: list[str] | None = None) -> int:
         finally:
             runner.close()
         log.info("%s: done through epoch %d", "+".join(logic.regions), last)
-        return 0
+        code = 0
     except FalkirkError as exc:
         log.error("%s", exc)
-        return 2
+        code = 2
+    # Stop Spark, then exit hard: delta-rs can abort an interpreter at exit after all
+    # work is done (delta-io/delta-rs#2184), which would look like a failed job.
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,51 @@
+"""The operator's verbs on a live epoch log: status, plan, rollback --dry-run, gc."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+from tiny_pipeline import PIPE_DICT
+
+
+def falkirk(world, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    cfg = world[0]
+    declaration = tmp_path / "tiny.yaml"
+    declaration.write_text(yaml.safe_dump(PIPE_DICT))
+    env = {**os.environ, "FALKIRK_LAKE": cfg.lake, "FALKIRK_VAR_DIR": str(tmp_path / "var")}
+    return subprocess.run([sys.executable, "-m", "falkirk.cli", args[0], "--pipeline",
+                           str(declaration), *args[1:]], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_status_lists_regions_epochs_checkpoints_and_watermarks(world, tmp_path):
+    run = falkirk(world, tmp_path, "status", "--json")
+    assert run.returncode == 0, run.stderr
+    status = json.loads(run.stdout)
+    assert status["generation"] == 0
+    agg = status["regions"]["agg"]
+    assert agg["regime"] == "lazy" and agg["frontier"] == 3 and agg["checkpoints"] == [1, 3]
+    assert agg["latest"] == {"time": 4, "status": "committed", "generation": 0}
+    assert status["regions"]["report"]["low_watermark"] == 3
+    assert falkirk(world, tmp_path, "status").returncode == 0  # the table form
+
+
+def test_rollback_dry_run_prints_the_plan_and_gc_dry_run_its_report(world, tmp_path):
+    run = falkirk(world, tmp_path, "rollback", "--failed", "agg", "--dry-run", "--json")
+    assert run.returncode == 0, run.stderr
+    plan = json.loads(run.stdout)
+    assert plan["frontiers"] == {"ingest": "top", "agg": 3, "report": 3}
+    assert world[1].rollbacks("tiny") == []  # a dry run records nothing
+    table = falkirk(world, tmp_path, "rollback", "--failed", "agg", "--dry-run")
+    assert "dry run: nothing changed" in table.stdout
+    gc = falkirk(world, tmp_path, "gc", "--json")
+    assert json.loads(gc.stdout)["watermarks"] == {"ingest": 5, "agg": 3, "report": 3}
+
+
+def test_bad_rollback_requests_are_one_clear_line(world, tmp_path):
+    run = falkirk(world, tmp_path, "rollback", "--failed", "agg,nope", "--reason", "x")
+    assert run.returncode == 2
+    assert "has no region(s) ['nope']" in run.stderr and "Traceback" not in run.stderr
