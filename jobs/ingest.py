@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from falkirk.generate import EOS_KEY
 from falkirk.runtime import EpochContext, EpochResult, JobLogic, main
 from falkirk.schemas import arrow_schema, ddl
-from falkirk.spark import conform
+from falkirk.spark import conform, dead_letters
 
 REGION = "ingest"
 VALUE_SCHEMA = ddl("records", "events")  # the source's valueSchema option
@@ -84,15 +84,7 @@ def validate_at(
     events = df.filter(F.col("_reason").isNull()).select(
         *EVENT_FIELDS, F.col("_epoch").alias("epoch")
     )
-    dead = df.filter(F.col("_reason").isNotNull()).select(
-        F.col("_epoch").alias("epoch"),
-        F.col("topic").alias("source"),
-        "partition",
-        "offset",
-        F.col("value").alias("raw"),
-        F.col("_reason").alias("reason"),
-    )
-    return events, conform(dead, "dead_letters")
+    return events, dead_letters(df.filter(F.col("_reason").isNotNull()), F.col("_epoch"))
 
 
 def validate(

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from falkirk.generate import EOS_KEY
 from falkirk.runtime import EpochContext, EpochResult, JobLogic, main
 from falkirk.schemas import arrow_schema, ddl
-from falkirk.spark import conform
+from falkirk.spark import conform, dead_letters
 
 REGION = "serve"
 STATS = "stats"
@@ -43,15 +43,8 @@ def validate_queries(raw_df: DataFrame, epoch: int) -> tuple[DataFrame, DataFram
     queries = df.filter(F.col("_reason").isNull()).select(
         *QUERY_FIELDS, F.lit(epoch).cast("long").alias("epoch")
     )
-    dead = df.filter(F.col("_reason").isNotNull()).select(
-        F.lit(epoch).alias("epoch"),
-        F.col("topic").alias("source"),
-        "partition",
-        "offset",
-        F.col("value").alias("raw"),
-        F.col("_reason").alias("reason"),
-    )
-    return queries, conform(dead, "dead_letters")
+    return queries, dead_letters(df.filter(F.col("_reason").isNotNull()),
+                                 F.lit(epoch).cast("long"))
 
 
 def _latest_before(df: DataFrame, epoch: int) -> DataFrame:

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from falkirk.procs import group_members
+
 STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
 LOG_NAME = "broker.log"
@@ -55,23 +57,6 @@ def _listening(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) pids in process group ``pgid``; zombies hold no port or memory."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
 
 
 class LocalBroker:
@@ -206,7 +191,7 @@ class LocalBroker:
             return
         pgid = self._proc.pid
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not _group_members(pgid):
+            if not group_members(pgid):
                 break
             try:
                 os.killpg(pgid, sig)
@@ -215,7 +200,7 @@ class LocalBroker:
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + 5
-            while _group_members(pgid) and time.monotonic() < deadline:
+            while group_members(pgid) and time.monotonic() < deadline:
                 self._proc.poll()  # reap our child so it does not count as alive
                 time.sleep(0.05)
         try:

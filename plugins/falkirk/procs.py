@@ -90,21 +90,32 @@ def alive(pid: int) -> bool:
     """True while the process runs (a zombie, dead but not yet reaped, counts as dead)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
+            stat = f.read()
+    except FileNotFoundError:
         return False
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X", "")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids in process group ``pgid``; zombies hold no port or memory."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
 
 
 def group_alive(pgid: int) -> bool:
     """Some process of the group still runs (zombies do not count)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            rest = stat.read_text().split(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if rest[0] != "Z" and int(rest[2]) == pgid:
-            return True
-    return False
+    return bool(group_members(pgid))
 
 
 def stop_group(pgid: int, timeout_s: float = 30.0) -> None:

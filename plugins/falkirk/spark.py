@@ -19,6 +19,21 @@ def conform(df, table: str):
     return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
 
 
+def dead_letters(rows, epoch):
+    """The ``dead_letters`` rows of source records that failed a check.
+
+    ``rows``: records from the falkirk_kafka source with a ``_reason`` column (the first
+    check they failed); ``epoch``: the epoch being processed (a Column). The raw value is
+    kept, with its topic, partition and offset, so nothing malformed is lost.
+    """
+    from pyspark.sql import functions as F
+
+    return conform(rows.select(
+        epoch.alias("epoch"), F.col("topic").alias("source"), "partition", "offset",
+        F.col("value").alias("raw"), F.col("_reason").alias("reason"),
+    ), "dead_letters")
+
+
 def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     """A Spark session for this machine's profile.
 
