@@ -239,7 +239,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHES = {"solver": "solver_bench", "rework": "rework_bench"}
+BENCHES = {"solver": "solver_bench", "rework": "rework_bench", "regimes": "regimes_bench"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -312,7 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7, help="solver: random graph seed")
     p.add_argument("--epochs", type=int, default=9, help="rework: epochs of input")
     p.add_argument("--kill-epoch", type=int, default=7, help="rework: kill communities in it")
-    p.add_argument("--events", type=int, default=2000, help="rework: events of input")
+    p.add_argument("--events", type=int,
+                   help="rework, regimes: events of input (defaults 3,000 and 20,000)")
+    p.add_argument("--rounds", type=int, default=2, help="regimes: rounds of each variant")
+    p.add_argument("--latency-events", type=int, default=3000, help="regimes: live events")
+    p.add_argument("--latency-epochs", type=int, default=6, help="regimes: live epochs")
     p.set_defaults(func=cmd_bench)
     return parser
 

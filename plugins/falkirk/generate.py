@@ -29,14 +29,11 @@ import argparse
 import heapq
 import json
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cache
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -402,22 +399,11 @@ def processing_epochs(
     return out
 
 
-@cache
 def _ingest() -> ModuleType:
-    """``jobs/ingest.py``, loaded from the repository (jobs are scripts, not a package)."""
-    import importlib.util
+    """``jobs/ingest.py`` (its validation is the ground truth's)."""
+    from falkirk.runtime import load_job
 
-    path = Path(__file__).resolve().parents[2] / "jobs" / "ingest.py"
-    name = "falkirk_job_ingest"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load the ingest job from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_job("jobs/ingest.py")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import pyarrow as pa
@@ -200,8 +201,13 @@ class JobRunner:
 
     def __init__(self, pipeline: Pipeline, logic: JobLogic, spark: Any,
                  cfg: Config | None = None, epoch_log: EpochLog | None = None,
-                 start: dict[str, int] | None = None):
+                 start: dict[str, int] | None = None, persist: bool = True):
         self.pipeline = pipeline
+        # persist=False runs the same transforms with nothing made durable (no epoch log,
+        # no Delta commits, no checkpoints): the all-ephemeral baseline of the benchmarks.
+        self.persist = persist
+        # Per epoch: (epoch, seconds, finished at (wall clock), records read per Kafka edge).
+        self.timings: list[tuple[int, float, float, dict[str, int]]] = []
         self.logic = logic
         self.spark = spark
         self.cfg = cfg or load()
@@ -239,6 +245,10 @@ class JobRunner:
         self.writers: dict[tuple[str, str], Any] = {}
 
     # -- setup --------------------------------------------------------------------------
+
+    def internal(self, edge: EdgeSpec) -> bool:
+        """Records passed inside this job (unlogged, or a table its own region writes)."""
+        return edge.kind == "unlogged" or (edge.kind == "delta" and edge.src in self.regions)
 
     def _external_inputs(self) -> list[EdgeSpec]:
         out = []
@@ -340,7 +350,7 @@ class JobRunner:
         logs = None
         for r in self.regions:
             for edge in self.pipeline.in_edges(r):
-                if edge.kind == "unlogged":
+                if self.internal(edge):
                     continue
                 if edge.kind == "kafka":
                     cut = self.cuts[edge.name]
@@ -377,12 +387,16 @@ class JobRunner:
 
         started = time.monotonic()
         active = {r for r in self.regions if self.done[r] < e}
-        self.log.record(*(EpochRecord(self.pipeline.name, r, self._time(r, e), self.generation,
-                                      "running", note=f"pid {os.getpid()}") for r in active))
+        if self.persist:
+            self.log.record(*(EpochRecord(self.pipeline.name, r, self._time(r, e),
+                                          self.generation, "running",
+                                          note=f"pid {os.getpid()}") for r in active))
         inputs: dict[str, Any] = {}
         ranges: dict[str, dict] = {}
         for r in self.regions:
             for edge in self.pipeline.in_edges(r):
+                if self.internal(edge):
+                    continue
                 if edge.kind == "kafka":
                     start, end = where[edge.name]
                     ranges[edge.name] = {"from": start.as_dict(), "to": end.as_dict()}
@@ -415,7 +429,8 @@ class JobRunner:
                                          f"edge {edge.name!r} of region {r!r} in epoch {e}")
                 if edge.kind == "delta":
                     if edge.table not in committed:
-                        committed[edge.table] = self._commit(r, edge, df, e)
+                        committed[edge.table] = (self._commit(r, edge, df, e) if self.persist
+                                                 else _materialize(df))
                     outputs[r][edge.name] = {"table": edge.table,
                                              "version": committed[edge.table]}
                 else:
@@ -428,7 +443,8 @@ class JobRunner:
             status, state_ref = "committed", None
             if spec.keeps_state:
                 self.state[r] = result.state.get(r, self.state.get(r))
-                if spec.regime == "eager" or (e + 1) % (spec.checkpoint_every or 1) == 0:
+                due = spec.regime == "eager" or (e + 1) % (spec.checkpoint_every or 1) == 0
+                if due and self.persist:
                     state_ref = self._checkpoint(r, e)
                     status = "checkpointed"
             mine = {k: v for k, v in ranges.items()
@@ -437,12 +453,17 @@ class JobRunner:
                                     status, inputs=mine or None, outputs=outputs[r] or None,
                                     state_ref=state_ref, note=f"pid {os.getpid()}"))
             self.done[r] = e
-        self.log.record(*rows)
+        if self.persist:
+            self.log.record(*rows)
         self.logic.finish_epoch(ctx)
         for name, (_, end) in ((k, v) for k, v in where.items() if k in self.positions):
             self.positions[name] = end
-        log.info("epoch %d done by %s in %.1f s", e, "+".join(sorted(active)),
-                 time.monotonic() - started)
+        seconds = time.monotonic() - started
+        counts = {k: sum(Offsets(v["to"]).get(p) - Offsets(v["from"]).get(p)
+                         for p in Offsets(v["to"]).as_dict())
+                  for k, v in ranges.items() if "to" in v}
+        self.timings.append((e, seconds, time.time(), counts))
+        log.info("epoch %d done by %s in %.1f s", e, "+".join(sorted(active)), seconds)
 
     def _time(self, region: str, e: int) -> Any:
         return time_of(self.pipeline.regions[region].domain, e)
@@ -469,6 +490,104 @@ class JobRunner:
     def close(self) -> None:
         for cut in self.cuts.values():
             cut.close()
+
+
+def _materialize(df: Any) -> int:
+    """Compute a DataFrame without keeping it (what a write costs, minus the write)."""
+    df.write.format("noop").mode("overwrite").save()
+    return -1
+
+
+class CompositeJob(JobLogic):
+    """Several jobs' logics in one process, in dataflow order.
+
+    Tables one part writes and a later part reads are handed over in memory (the epoch's
+    output, accumulated over epochs, cut at ``e - delay``), so a whole pipeline runs as one
+    Spark application: what the benchmarks compare with and without persistence.
+    """
+
+    def __init__(self, pipeline: Pipeline, parts: list[JobLogic]):
+        self.pipeline = pipeline
+        self.parts = parts
+        self.regions = tuple(r for part in parts for r in part.regions)
+        self.memory: dict[str, Any] = {}  # table -> every epoch's output so far
+
+    def initial_state(self, region: str, spark: Any) -> Any:
+        return self._owner(region).initial_state(region, spark)
+
+    def _owner(self, region: str) -> JobLogic:
+        return next(p for p in self.parts if region in p.regions)
+
+    def state_schema(self, region: str) -> pa.Schema:
+        return self._owner(region).state_schema(region)
+
+    def state_to_arrow(self, region: str, state: Any) -> pa.Table:
+        return self._owner(region).state_to_arrow(region, state)
+
+    def state_from_arrow(self, region: str, table: pa.Table, spark: Any) -> Any:
+        return self._owner(region).state_from_arrow(region, table, spark)
+
+    def process(self, ctx: EpochContext) -> EpochResult:
+        from pyspark.sql import functions as F
+
+        result = EpochResult()
+        state = dict(ctx.state)
+        for part in self.parts:
+            inputs = dict(ctx.inputs)
+            for r in part.regions:
+                for edge in self.pipeline.in_edges(r):
+                    if edge.kind == "delta" and edge.src in self.regions:
+                        held = self.memory.get(edge.table)
+                        if held is None:
+                            held = ctx.spark.createDataFrame(
+                                [], _spark_schema(arrow_schema("tables", edge.table_schema)))
+                        inputs[edge.name] = held.filter(F.col("epoch") <= ctx.epoch - edge.delay)
+            sub = EpochContext(ctx.epoch, ctx.generation, ctx.spark, ctx.pipeline, inputs,
+                               state, ctx.active)
+            out = part.process(sub)
+            for name, df in out.outputs.items():
+                edge = self.pipeline.edges.get(name)
+                if edge is not None and edge.kind == "delta":
+                    df = df.localCheckpoint()
+                    held = self.memory.get(edge.table)
+                    self.memory[edge.table] = df if held is None else held.unionByName(df)
+                result.outputs[name] = df
+            state.update(out.state)
+            result.state.update(out.state)
+        return result
+
+    def finish_epoch(self, ctx: EpochContext) -> None:
+        for part in self.parts:
+            part.finish_epoch(ctx)
+
+
+def load_job(job: str) -> ModuleType:
+    """A job entry point (``jobs/<name>.py``) as a module: jobs are scripts, not a package."""
+    import importlib.util
+
+    from falkirk.config import REPO_ROOT
+
+    path = REPO_ROOT / job
+    name = f"falkirk_job_{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise RuntimeFailure(f"cannot load job {job} from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def job_logic(job: str) -> JobLogic:
+    """The JobLogic a job entry point defines, instantiated."""
+    module = load_job(job)
+    found = [v for v in vars(module).values() if isinstance(v, type)
+             and issubclass(v, JobLogic) and v.__module__ == module.__name__]
+    if len(found) != 1:
+        raise RuntimeFailure(f"job {job} must define exactly one JobLogic, found {len(found)}")
+    return found[0]()
 
 
 def record_ddl(topic: str) -> str | None:

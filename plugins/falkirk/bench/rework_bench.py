@@ -41,7 +41,8 @@ def main(args: Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="falkirk-rework-") as tmp, \
             LocalRun(Path(tmp)) as run:
         with console.status("generating input and starting the pipeline…"):
-            run.generate(events=args.events, queries=args.events // 10, epochs=epochs, seed=5)
+            events = args.events or 3000
+            run.generate(events=events, queries=events // 10, epochs=epochs, seed=5)
             run.start(until_epoch=epochs - 1)
         with console.status(f"waiting for communities to be in the middle of epoch "
                             f"{kill_epoch}…"):
