@@ -292,3 +292,16 @@ def test_incremental_update_reaches_regions_that_lowered_each_other():
     for t in (4, 5):
         solver.add_frontier("k", Entry(at=t, projected={"ki": t}, discarded={"ki": t}))
     assert {n: f.to_json() for n, f in solver.frontiers().items()} == {"k": 5, "i": 5, "j": 5}
+
+
+def test_live_progress_is_solved_incrementally_like_a_full_solve():
+    # report (live) delivers b_out beyond what a restored totals could resend: when its
+    # progress is known, the incremental solver lowers it exactly as a full solve would.
+    problem = load("3_failed_eager_between_live")
+    solver = Solver(problem)
+    assert solver.frontiers()["report"].is_top
+    solver.update_live("report", Entry(at=problem.regions["report"].live.at,
+                                       delivered={"b_out": 8}))
+    got = {n: f.to_json() for n, f in solver.frontiers().items()}
+    assert got["report"] == 6
+    assert got == solve(Problem.from_json(problem.to_json())).to_json()["frontiers"]
