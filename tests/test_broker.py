@@ -7,7 +7,8 @@ import socket
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from falkirk.broker import BrokerError, LocalBroker, _group_members
+from falkirk.broker import BrokerError, LocalBroker
+from falkirk.procs import group_members
 
 
 def _port_open(port: int) -> bool:
@@ -40,7 +41,7 @@ def test_stop_leaves_nothing_running_and_a_restart_keeps_the_data(tmp_path):
         producer.flush()
         producer.close()
     assert not b.running
-    assert _group_members(pgid) == []  # zombies (reaped or not) hold nothing
+    assert group_members(pgid) == []  # zombies (reaped or not) hold nothing
     assert not _port_open(port)
     b.stop()  # stopping twice is harmless
 
