@@ -116,3 +116,32 @@ def test_a_rollback_killed_half_way_and_run_again_ends_in_the_same_state(golden,
     outputs, plan = run_pipeline(tmp_path, kill=("communities", 3), crash_rollback=True)
     assert plan.frontiers["communities"] == [2, "inf"]
     assert_same(golden, outputs)
+
+
+def test_the_golden_run_conserves_events_purchases_and_queries(golden, spark):
+    """Valid events + dead letters = events produced; purchases per epoch = valid purchase
+    events of that epoch; every query answered exactly once."""
+    from falkirk import generate
+    from falkirk.harness import generate_args
+    from falkirk.topology import load_pipeline
+
+    g, origin_ms, epoch_ms = generate.from_args(
+        generate_args(load_pipeline("reference"), **INPUT))
+    truth = generate.ground_truth(spark, g.events, origin_ms, epoch_ms)
+    dead = [r for r in golden["dead_letters"] if r["source"] == "events"]
+    # The generator's own count of what it broke or sent late (not the validation code's).
+    assert len(dead) == sum(g.malformed.values()) + g.late
+    assert truth.valid_total() + len(dead) == len(g.events)
+    purchases: dict[int, int] = {}
+    for row in golden["purchases"]:
+        purchases[row["epoch"]] = purchases.get(row["epoch"], 0) + row["purchases"]
+    assert purchases == {e: kinds["purchase"] for e, kinds in truth.valid.items()
+                         if kinds.get("purchase")}
+    # Clients keep the latest response per query id: one per query produced; and
+    # query_stats counted each exactly once (per community, and per category).
+    responses = golden["topic:responses"]
+    assert set(responses) == {json.loads(v)["query_id"] for _, v, _ in g.queries}
+    for dimension in ("community", "category"):
+        answered = sum(r["answered"] for r in golden["query_stats"]
+                       if r["dimension"] == dimension)
+        assert answered == len(responses), dimension

@@ -235,11 +235,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    importlib.import_module(f"falkirk.bench.{BENCHES[args.what]}").main(args)
+    module, takes_args = BENCHES[args.what]
+    bench = importlib.import_module(f"falkirk.bench.{module}")
+    bench.main(args) if takes_args else bench.main()
     return 0
 
 
-BENCHES = {"solver": "solver_bench", "rework": "rework_bench", "regimes": "regimes_bench"}
+# benchmark -> (module in falkirk.bench, whether its main takes the parsed arguments)
+BENCHES = {
+    "solver": ("solver_bench", True),
+    "kafka": ("kafka_bench", False),
+    "delta": ("delta_bench", False),
+    "checkpoints": ("checkpoint_bench", False),
+    "rework": ("rework_bench", True),
+    "regimes": ("regimes_bench", True),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -535,14 +535,9 @@ def summary(g: Generated, origin_ms: int, epoch_ms: int) -> dict:
     }
 
 
-def cli(args: argparse.Namespace) -> int:
-    """``falkirk generate``: generate, create the topics if needed, produce, mark the end.
-
-    Fields: seed, events, queries, users, items, categories, epochs, epoch_seconds,
-    origin (ISO or ms), malformed, late, rate (records/s, None = burst), bootstrap
-    (None = the config's broker; "-" = generate and summarise only); optional
-    communities, topic_events, topic_queries.
-    """
+def from_args(args: argparse.Namespace) -> tuple[Generated, int, int]:
+    """The records ``falkirk generate`` makes for these arguments, with origin and epoch ms
+    (so a test can regenerate exactly what a run produced)."""
     origin_ms = parse_origin(getattr(args, "origin", None))
     epoch_ms = int(round(float(_arg(args, "epoch_seconds", 10)) * 1000))
     g = generate_detailed(
@@ -559,6 +554,18 @@ def cli(args: argparse.Namespace) -> int:
         late_fraction=float(_arg(args, "late", 0.01)),
         communities=int(_arg(args, "communities", DEFAULT_COMMUNITIES)),
     )
+    return g, origin_ms, epoch_ms
+
+
+def cli(args: argparse.Namespace) -> int:
+    """``falkirk generate``: generate, create the topics if needed, produce, mark the end.
+
+    Fields: seed, events, queries, users, items, categories, epochs, epoch_seconds,
+    origin (ISO or ms), malformed, late, rate (records/s, None = burst), bootstrap
+    (None = the config's broker; "-" = generate and summarise only); optional
+    communities, topic_events, topic_queries.
+    """
+    g, origin_ms, epoch_ms = from_args(args)
     info = summary(g, origin_ms, epoch_ms)
     bootstrap = getattr(args, "bootstrap", None)
     if bootstrap is None:

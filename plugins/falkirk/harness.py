@@ -65,17 +65,12 @@ class LocalRun:
 
     def generate(self, **options: Any) -> dict:
         """Produce seeded input to the pipeline's topics (see ``falkirk generate``)."""
-        import argparse
-
-        from falkirk import generate
-
-        s = self.pipeline.settings
-        args = argparse.Namespace(**{"origin": s.get("origin_ms"),
-                                     "epoch_seconds": s.get("epoch_seconds", 10),
-                                     "bootstrap": self.cfg.kafka_bootstrap, **options})
         import contextlib
         import io
 
+        from falkirk import generate
+
+        args = generate_args(self.pipeline, bootstrap=self.cfg.kafka_bootstrap, **options)
         with contextlib.redirect_stdout(io.StringIO()) as out:
             generate.cli(args)
         return json.loads(out.getvalue())
@@ -120,7 +115,9 @@ class LocalRun:
         return codes
 
     def log_file(self, job: str) -> Path:
-        return Path(self.cfg.var_dir) / "log" / f"{self.pipeline.name}-{Path(job).stem}.log"
+        from falkirk.procs import log_file
+
+        return log_file(self.pipeline, job, self.cfg)
 
     def kill(self, job: str) -> None:
         """SIGKILL a job's whole process group (its Spark driver JVM included)."""
@@ -233,6 +230,15 @@ class LocalRun:
             if edge.kind == "kafka" and edge.src is not None:
                 out[f"topic:{edge.topic}"] = self.latest_by_key(edge.topic)
         return out
+
+
+def generate_args(pipeline: Pipeline, **options: Any):
+    """``falkirk generate``'s arguments for a pipeline (its origin and epoch length)."""
+    import argparse
+
+    s = pipeline.settings
+    return argparse.Namespace(**{"origin": s.get("origin_ms"),
+                                 "epoch_seconds": s.get("epoch_seconds", 10), **options})
 
 
 def compare(golden: dict[str, Any], other: dict[str, Any]) -> dict[str, dict[str, int]]:

@@ -35,6 +35,11 @@ def jobs_of(pipeline: Pipeline) -> dict[str, list[str]]:
     return out
 
 
+def log_file(pipeline: Pipeline, job: str, cfg: Config | None = None) -> Path:
+    """Where a job's output goes: var/log/<pipeline>-<job>.log."""
+    return _dirs(cfg)[1] / f"{pipeline.name}-{Path(job).stem}.log"
+
+
 def job_command(job: str, args: list[str], cfg: Config | None = None) -> list[str]:
     """spark-submit of a job entry point, on this profile's master."""
     cfg = cfg or load()
@@ -58,12 +63,12 @@ def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
               cfg: Config | None = None, env: dict[str, str] | None = None
               ) -> subprocess.Popen:
     """Start a job in its own process group; its output goes to var/log/<pipeline>-<job>.log."""
-    run_root, log_dir = _dirs(cfg)
-    run_dir = run_root / pipeline.name
+    run_dir = _dirs(cfg)[0] / pipeline.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_file(pipeline, job, cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
     name = Path(job).stem
-    out = open(log_dir / f"{pipeline.name}-{name}.log", "ab")  # noqa: SIM115 - child keeps it
+    out = open(path, "ab")  # noqa: SIM115 - the child keeps it
     cmd = job_command(job, ["--pipeline", pipeline.source or pipeline.name, *(args or [])], cfg)
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                             env={**_env(), **(env or {})}, start_new_session=True)

@@ -1,0 +1,50 @@
+"""Streams supervisor of the reference pipeline: wiring only."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG
+
+from falkirk.airflow import supervisor
+from falkirk.airflow.defaults import DEFAULT_ARGS, TAGS
+
+PIPELINE = "reference"
+
+DOC = """
+# Streams supervisor: the `reference` pipeline's streaming jobs
+
+Runs continuously (one run after another) while unpaused:
+
+1. **start_streams** starts every streaming job (ingest, communities, serve + stats)
+   that is not running, each as its own `spark-submit` process group
+   (logs under `var/log/`).
+2. **watch** checks every 30 s (reschedule mode: no worker slot held in between) whether
+   a job died. It ends when one did, or when every job finished because its input ended.
+   A job stopped by a rollback run (the rollback DAG pauses the streams) is not a death.
+3. **recover** rolls back the dead job's regions (as failed) with falkirk's
+   RollbackExecutor, then restarts the jobs it stopped. Its plan appears in the run's
+   **Rollback plan** tab.
+
+No params. Pause this DAG to stop supervising (the jobs keep running).
+"""
+
+with DAG(
+    dag_id="falkirk_streams_supervisor",
+    description="Start, watch and recover the streaming jobs",
+    doc_md=DOC,
+    schedule="@continuous",
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=[*TAGS, "streams", PIPELINE],
+):
+    start = PythonOperator(task_id="start_streams", python_callable=supervisor.start,
+                           op_kwargs={"pipeline": PIPELINE})
+    watch = supervisor.StreamsSensor(task_id="watch", pipeline=PIPELINE,
+                                     timeout=timedelta(hours=12).total_seconds(),
+                                     soft_fail=True)
+    recover = PythonOperator(task_id="recover", python_callable=supervisor.recover,
+                             op_kwargs={"pipeline": PIPELINE})
+    start >> watch >> recover

@@ -1,0 +1,94 @@
+"""Batch epochs under Airflow: one DAG run per epoch, whose data interval is the epoch.
+
+Epochs are event-time windows of the pipeline's settings: epoch k covers
+[origin + k·length, origin + (k+1)·length). The batch DAG's timetable has exactly those
+intervals, so its run for a data interval runs that epoch, and a cleared run reruns it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DeltaDataIntervalTimetable
+from airflow.sdk.exceptions import AirflowFailException
+
+from falkirk.config import REPO_ROOT, load
+from falkirk.epochlog import RESTORABLE, EpochLog
+from falkirk.runtime import time_of
+from falkirk.times import DOMAINS
+from falkirk.topology import Pipeline, load_pipeline
+
+log = logging.getLogger(__name__)
+# How many epochs the DAG schedules (catchup runs them all); the generator's default.
+DEFAULT_EPOCHS = 10
+
+
+def origin(pipeline: Pipeline) -> datetime:
+    return datetime.fromtimestamp(pipeline.settings["origin_ms"] / 1000, tz=UTC)
+
+
+def epoch_length(pipeline: Pipeline) -> timedelta:
+    return timedelta(seconds=pipeline.settings.get("epoch_seconds", 10))
+
+
+def epoch_of(pipeline_name: str, data_interval_start: datetime) -> int:
+    """The epoch whose window starts at ``data_interval_start``."""
+    pipeline = load_pipeline(pipeline_name)
+    offset = data_interval_start - origin(pipeline)
+    epoch, rest = divmod(offset, epoch_length(pipeline))
+    if rest or epoch < 0:
+        raise AirflowFailException(
+            f"data interval starting {data_interval_start.isoformat()} is not an epoch of "
+            f"{pipeline.name!r} (origin {origin(pipeline).isoformat()}, "
+            f"{epoch_length(pipeline)} each)")
+    return int(epoch)
+
+
+def schedule(pipeline_name: str) -> dict[str, Any]:
+    """timetable, start_date and end_date for one run per epoch (FALKIRK_BATCH_EPOCHS of
+    them, default 10): the reference origin is fixed in the past, so catchup runs them."""
+    pipeline = load_pipeline(pipeline_name)
+    epochs = int(os.environ.get("FALKIRK_BATCH_EPOCHS", DEFAULT_EPOCHS))
+    start = origin(pipeline)
+    return {"schedule": DeltaDataIntervalTimetable(epoch_length(pipeline)), "start_date": start,
+            "end_date": start + epochs * epoch_length(pipeline) - timedelta(seconds=1)}
+
+
+def submit_kwargs(pipeline_name: str, region: str) -> dict[str, Any]:
+    """SparkSubmitOperator arguments for one epoch of a batch region (the epoch comes from
+    the run's data interval through the ``falkirk_epoch`` macro)."""
+    pipeline = load_pipeline(pipeline_name)
+    cfg = load()
+    return {
+        "application": str(REPO_ROOT / pipeline.regions[region].job),
+        "conn_id": "spark_default",
+        "name": f"falkirk-{pipeline.name}-{region}",
+        "application_args": ["--pipeline", pipeline.name, "--epoch",
+                             "{{ falkirk_epoch(data_interval_start) }}",
+                             "--idle-timeout", "600"],
+        "conf": {"spark.sql.shuffle.partitions": str(cfg.spark_shuffle_partitions),
+                 "spark.ui.enabled": "true" if cfg.spark_ui else "false"},
+    }
+
+
+def macros(pipeline_name: str) -> dict[str, Any]:
+    """user_defined_macros of a batch DAG: ``falkirk_epoch(data_interval_start)``."""
+    return {"falkirk_epoch": lambda start: epoch_of(pipeline_name, start)}
+
+
+def verify_committed(pipeline: str, region: str, data_interval_start: datetime) -> int:
+    """Fail unless the epoch log shows this run's epoch committed by ``region``."""
+    spec = load_pipeline(pipeline).regions[region]
+    epoch = epoch_of(pipeline, data_interval_start)
+    dom = DOMAINS[spec.domain]
+    entries = EpochLog.from_config().regions(load_pipeline(pipeline))[region].entries
+    row = entries.get(dom.parse(time_of(spec.domain, epoch)))
+    if row is None or row.status not in RESTORABLE[spec.regime]:
+        raise AirflowFailException(
+            f"{region} epoch {epoch}: the epoch log shows "
+            f"{'nothing' if row is None else row.status!r}, not committed")
+    log.info("%s epoch %d committed in generation %d", region, epoch, row.generation)
+    return epoch

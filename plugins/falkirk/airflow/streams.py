@@ -1,0 +1,64 @@
+"""Streaming jobs under Airflow: start them, tell a dead job from a finished one, pause.
+
+A stream job runs until its input ends (no --until-epoch), hosting every region of its
+entry point; jobs hosting only batch regions are Airflow's to schedule, one run per epoch.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from falkirk import procs
+from falkirk.config import Config, load
+from falkirk.topology import Pipeline
+
+STREAM_ARGS: list[str] = []  # no idle timeout: a stream waits for input as long as it takes
+# The runtime's last line when a job ends well ("<regions>: done through epoch N").
+_RUNTIME_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \w+ falkirk\.runtime: (.*)$")
+
+
+def stream_jobs(pipeline: Pipeline) -> dict[str, list[str]]:
+    """Job entry point -> hosted regions, for jobs hosting a non-batch region."""
+    return {job: regions for job, regions in procs.jobs_of(pipeline).items()
+            if any(pipeline.regions[r].regime != "batch" for r in regions)}
+
+
+log_file = procs.log_file  # where a job writes its output
+
+def finished_cleanly(pipeline: Pipeline, job: str, cfg: Config | None = None) -> bool:
+    """The job's last runtime line says it is done (its input ended): not a death."""
+    path = log_file(pipeline, job, cfg)
+    if not path.exists():
+        return False
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 16384))
+        tail = f.read().decode(errors="replace").splitlines()
+    last = [m.group(1) for m in map(_RUNTIME_LINE.match, tail) if m]
+    return bool(last) and "done through epoch" in last[-1]
+
+
+def pause_marker(pipeline: Pipeline, cfg: Config | None = None) -> Path:
+    """While this file exists a rollback DAG run has paused the streams on purpose: the
+    supervisor does not treat the jobs it stopped as deaths."""
+    return Path((cfg or load()).var_dir) / "run" / f"{pipeline.name}.paused"
+
+
+def start_streams(pipeline: Pipeline, cfg: Config | None = None,
+                  only: list[str] | None = None) -> dict[str, int]:
+    """Start the stream jobs (or ``only`` these) that are not running; job -> pid."""
+    alive = {info["job"] for info in procs.running(pipeline, cfg)}
+    started = {}
+    for job in only if only is not None else stream_jobs(pipeline):
+        if job not in alive:
+            started[job] = procs.start_job(pipeline, job, STREAM_ARGS, cfg).pid
+    return started
+
+
+def dead_jobs(pipeline: Pipeline, cfg: Config | None = None) -> dict[str, list[str]]:
+    """Stream jobs that are not running and did not finish: job -> its regions."""
+    if pause_marker(pipeline, cfg).exists():
+        return {}
+    alive = {info["job"] for info in procs.running(pipeline, cfg)}
+    return {job: regions for job, regions in stream_jobs(pipeline).items()
+            if job not in alive and not finished_cleanly(pipeline, job, cfg)}

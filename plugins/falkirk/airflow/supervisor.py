@@ -1,0 +1,74 @@
+"""The streams supervisor's steps: start the stream jobs, watch them (a reschedule-mode
+sensor: it holds no worker slot between pokes), roll back and restart the dead ones."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+
+from falkirk import procs
+from falkirk.airflow import streams
+from falkirk.airflow.render import plan_markdown
+from falkirk.rollback import RollbackExecutor, RollbackRequest
+from falkirk.topology import load_pipeline
+
+log = logging.getLogger(__name__)
+
+
+def start(pipeline: str) -> dict[str, int]:
+    """Start the stream jobs that are not running (none, when they all run)."""
+    started = streams.start_streams(load_pipeline(pipeline))
+    log.info("started %s", started or "nothing: every stream job runs")
+    return started
+
+
+class StreamsSensor(BaseSensorOperator):
+    """Done when a stream job died (its XCom: job -> regions), or when every stream job
+    finished because its input ended (XCom: {}). Pauses by a rollback run are not deaths."""
+
+    template_fields = ("pipeline",)
+
+    def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
+        kwargs.setdefault("mode", "reschedule")
+        kwargs.setdefault("poke_interval", 30)
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+
+    def poke(self, context: Any) -> PokeReturnValue | bool:
+        pipeline = load_pipeline(self.pipeline)
+        dead = streams.dead_jobs(pipeline)
+        if dead:
+            self.log.info("dead: %s", dead)
+            return PokeReturnValue(is_done=True, xcom_value=dead)
+        if not procs.running(pipeline) and not streams.pause_marker(pipeline).exists():
+            self.log.info("every stream job finished: its input ended")
+            return PokeReturnValue(is_done=True, xcom_value={})
+        return False
+
+
+def recover(pipeline: str, ti: Any) -> dict[str, Any]:
+    """Roll back the dead jobs' regions (as failed), then restart every job stopped."""
+    dead: dict[str, list[str]] = ti.xcom_pull(task_ids="watch") or {}
+    if not dead:
+        log.info("nothing died")
+        return {}
+    pipe = load_pipeline(pipeline)
+    stopped: list[str] = []
+
+    def stop(regions: set[str]) -> None:
+        stopped.extend(procs.stop_regions(pipe, regions))
+
+    failed = sorted({r for regions in dead.values() for r in regions})
+    request = RollbackRequest(pipe.name, failed=failed, dry_run=False,
+                              reason=f"supervisor ({ti.run_id}): job(s) "
+                                     f"{', '.join(sorted(dead))} died")
+    done = RollbackExecutor(pipe, stop_regions=stop).run(request, progress=log.info)
+    markdown = plan_markdown(done.to_json(), pipe)
+    log.info("rollback plan:\n%s", markdown)
+    ti.xcom_push(key="plan_markdown", value=markdown)
+    ti.xcom_push(key="plan", value=done.to_json())
+    restarted = streams.start_streams(pipe, only=sorted(set(dead) | set(stopped)))
+    log.info("restarted %s", restarted)
+    return {"rollback_id": done.rollback_id, "restarted": restarted}

@@ -1,0 +1,250 @@
+"""The Airflow DAGs: they load, Airflow refuses bad rollback params before anything runs,
+and a dry run shows the plan and changes nothing (dag.test on a sandbox epoch log)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from falkirk.config import REPO_ROOT
+
+ROLLBACK = "falkirk_rollback"
+DAG_IDS = {ROLLBACK, "falkirk_batch_popularity", "falkirk_streams_supervisor", "falkirk_gc"}
+
+
+@pytest.fixture(scope="session")
+def airflow_env(tmp_path_factory):
+    """A migrated SQLite Airflow home of its own, set before Airflow is first imported."""
+    if "airflow.configuration" in sys.modules:
+        pytest.skip("Airflow was imported before its test home was set")
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True,
+                   capture_output=True, timeout=300)
+    yield env
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def dagbag(airflow_env):
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO_ROOT / "dags"))
+
+
+@pytest.fixture
+def rollback_dag(airflow_env):
+    """A freshly parsed rollback DAG: dag.test() leaves the run's conf in the DAG's Param
+    objects (Param.resolve keeps the value), so a reused DAG would carry it over."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO_ROOT / "dags" / f"{ROLLBACK}.py")).dags[ROLLBACK]
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    """The reference pipeline's epoch log and tables after a few epochs, selected through
+    the FALKIRK_* variables falkirk.config.load() reads."""
+    from reference_world import make_reference_world
+
+    cfg = make_reference_world(tmp_path)
+    monkeypatch.setenv("FALKIRK_LAKE", cfg.lake)
+    monkeypatch.setenv("FALKIRK_VAR_DIR", cfg.var_dir)
+    return cfg
+
+
+def test_every_dag_imports_with_tags_retries_and_docs(dagbag):
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dags) == DAG_IDS
+    for dag in dagbag.dags.values():
+        assert dag.tags and "falkirk" in dag.tags, dag.dag_id
+        assert dag.default_args.get("retries", 0) >= 1, dag.dag_id
+        assert dag.doc_md and len(dag.doc_md) > 200, dag.dag_id
+    rollback = dagbag.dags[ROLLBACK]
+    for param in ("Pipeline", "Regions", "Back to epoch", "Dry run", "Reason"):
+        assert f"**{param}**" in rollback.doc_md
+    assert rollback.max_active_runs == 1
+    assert dagbag.dags["falkirk_streams_supervisor"].max_active_runs == 1
+
+
+def _conf(**overrides):
+    conf = {"pipeline": "reference", "failed_regions": ["communities"], "reason": "test"}
+    conf.update(overrides)
+    return {k: v for k, v in conf.items() if v is not ...}
+
+
+@pytest.mark.parametrize("conf, names", [
+    (_conf(failed_regions=["nope"]), "failed_regions: 'nope' is not one of"),
+    (_conf(failed_regions=[]), "failed_regions: [] should be non-empty"),
+    (_conf(to_epoch=-2), "to_epoch: -2 is less than the minimum of -1"),
+    (_conf(to_epoch="3"), "to_epoch: '3' is not of type"),
+    (_conf(to_epoch=2.5), "to_epoch: 2.5 is not of type"),
+    (_conf(reason=...), "reason: No value passed"),
+    (_conf(reason=""), "reason: '' should be non-empty"),
+    (_conf(pipeline="other"), "pipeline: 'other' is not one of"),
+], ids=["unknown-region", "no-region", "to-epoch-below-bottom", "to-epoch-string",
+        "to-epoch-float", "no-reason", "empty-reason", "unknown-pipeline"])
+def test_bad_params_are_refused_by_airflow_and_change_nothing(rollback_dag, sandbox, conf, names):
+    from airflow.sdk.exceptions import ParamValidationError
+    from reference_world import snapshot
+
+    before = snapshot(sandbox)
+    with pytest.raises(ParamValidationError) as err:
+        rollback_dag.test(run_conf=conf, logical_date=None)
+    assert f"Invalid input for param {names}" in str(err.value)
+    assert snapshot(sandbox) == before
+
+
+def test_future_to_epoch_is_refused_by_the_plan_and_changes_nothing(rollback_dag, sandbox):
+    from reference_world import snapshot
+
+    before = snapshot(sandbox)
+    run = rollback_dag.test(
+        run_conf=_conf(failed_regions=["ingest"], to_epoch=99, dry_run=False),
+        logical_date=None)
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert run.state == "failed"
+    assert states["plan"] == "failed"
+    assert states["roll_back"] in ("upstream_failed", None)
+    assert snapshot(sandbox) == before
+
+
+def test_region_of_another_pipeline_is_refused_before_anything_changes():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from falkirk.airflow.rollback_tasks import request_from_params
+
+    with pytest.raises(AirflowFailException, match="has no region.*its regions are ingest"):
+        request_from_params({"pipeline": "reference", "failed_regions": ["agg"],
+                             "dry_run": True, "reason": "x"})
+    with pytest.raises(AirflowFailException, match="exactly one region"):
+        request_from_params({"pipeline": "reference", "failed_regions": ["ingest", "serve"],
+                             "to_epoch": 2, "dry_run": True, "reason": "x"})
+
+
+def test_dry_run_shows_the_plan_and_changes_nothing(rollback_dag, sandbox):
+    from airflow import settings
+    from reference_world import snapshot
+
+    from falkirk.airflow.ui import page, run_plans
+
+    before = snapshot(sandbox)
+    run = rollback_dag.test(run_conf=_conf(), logical_date=None)
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert run.state == "success"
+    assert states["plan"] == states["carry_on"] == "success"
+    assert {states[t] for t in ("pause_streams", "roll_back", "rerun_and_replay", "resume",
+                                "validate")} == {"skipped"}
+    assert snapshot(sandbox) == before
+    with settings.Session() as session:
+        plans = run_plans(ROLLBACK, run.run_id, session)
+    (task_id, plan), = plans
+    assert task_id == "plan"
+    assert plan["frontiers"]["communities"] == [2, "inf"]
+    assert plan["frontiers"]["ingest"] == "top"
+    assert plan["request"]["dry_run"] is True and plan["request"]["reason"] == "test"
+    html = page(ROLLBACK, run.run_id, plans)
+    assert "<td>communities</td><td>lazy</td><td>epoch 4 (converged)</td>" \
+           "<td>epoch 2 (converged)</td>" in html
+    assert "<svg" in html and "dry run: nothing changed" in html
+
+
+def test_plan_markdown_and_graph(sandbox):
+    from falkirk.airflow.render import plan_markdown, region_graph_svg
+    from falkirk.rollback import RollbackExecutor, RollbackRequest
+    from falkirk.topology import load_pipeline
+
+    pipeline = load_pipeline("reference")
+    plan = RollbackExecutor(pipeline).plan(
+        RollbackRequest("reference", region="ingest", to_epoch=2, reason="bad deploy")).to_json()
+    md = plan_markdown(plan, pipeline)
+    assert "| ingest | ephemeral | epoch 5 | epoch 2 | restores and reruns |" in md
+    assert "| serve | ephemeral | epoch 3 | ⊤ keeps its live state | keeps running |" in md
+    svg = region_graph_svg(pipeline, plan["frontiers"], plan["current"])
+    root = ET.fromstring(svg)  # well-formed
+    texts = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
+    for region in pipeline.regions:
+        assert region in texts
+    assert "epoch 5 → epoch 2" in texts
+
+
+def test_batch_epochs_follow_the_data_interval(airflow_env, dagbag):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from falkirk.airflow.batch import epoch_of, origin
+    from falkirk.topology import load_pipeline
+
+    start = origin(load_pipeline("reference"))
+    assert epoch_of("reference", start) == 0
+    assert epoch_of("reference", start + timedelta(seconds=30)) == 3
+    with pytest.raises(AirflowFailException, match="not an epoch"):
+        epoch_of("reference", start + timedelta(seconds=31))
+    dag = dagbag.dags["falkirk_batch_popularity"]
+    assert dag.catchup and dag.start_date == start
+    task = dag.get_task("popularity")
+    assert task.application.endswith("jobs/popularity.py")
+    assert task.application_args[:4] == ["--pipeline", "reference", "--epoch",
+                                         "{{ falkirk_epoch(data_interval_start) }}"]
+    assert dag.user_defined_macros["falkirk_epoch"](start + timedelta(seconds=40)) == 4
+
+
+def test_a_stream_that_finished_is_not_dead(tmp_path, monkeypatch):
+    from falkirk.airflow import streams
+    from falkirk.topology import load_pipeline
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    pipeline = load_pipeline("reference")
+    assert set(streams.stream_jobs(pipeline)) == {"jobs/ingest.py", "jobs/communities.py",
+                                                  "jobs/serve.py"}
+    log = streams.log_file(pipeline, "jobs/ingest.py")
+    log.parent.mkdir(parents=True)
+    log.write_text("2026-01-01 10:00:00,001 INFO falkirk.runtime: ingest: done through "
+                   "epoch 9\n")
+    assert streams.finished_cleanly(pipeline, "jobs/ingest.py")
+    log.write_text(log.read_text() + "2026-01-01 10:01:00,001 INFO falkirk.runtime: region "
+                   "ingest: state restored\nspark noise\n")
+    assert not streams.finished_cleanly(pipeline, "jobs/ingest.py")
+    assert set(streams.dead_jobs(pipeline)) == set(streams.stream_jobs(pipeline))
+    streams.pause_marker(pipeline).parent.mkdir(parents=True, exist_ok=True)
+    streams.pause_marker(pipeline).write_text("a rollback run")
+    assert streams.dead_jobs(pipeline) == {}
+
+
+def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):
+    """No job runs in the sandbox, so nothing is stopped or restarted and no batch epoch
+    reruns (communities alone goes back): plan, roll back, resume and validate for real."""
+    from reference_world import snapshot
+
+    from falkirk.epochlog import EpochLog
+    from falkirk.topology import load_pipeline
+
+    before = snapshot(sandbox)
+    run = rollback_dag.test(run_conf=_conf(dry_run=False, reason="test: communities died"),
+                            logical_date=None)
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert run.state == "success", states
+    after = snapshot(sandbox)
+    assert after["user_community"] == before["user_community"] + 1  # restored (a new version)
+    assert after["item_popularity"] == before["item_popularity"]  # untouched
+    log = EpochLog.from_config(sandbox)
+    assert [r["status"] for r in log.rollbacks("reference")] == ["started", "done"]
+    entries = log.regions(load_pipeline("reference"))["communities"].entries
+    assert max(k[0] for k in entries) == 2  # epochs 3 and 4 invalidated
