@@ -13,30 +13,7 @@ import os
 import signal
 import sys
 
-import pyarrow as pa
-
-SCHEMA = pa.schema(
-    [
-        ("id", pa.int64()),
-        ("epoch", pa.int64()),
-        ("name", pa.string()),
-        ("ts", pa.timestamp("us", tz="UTC")),
-        ("score", pa.float64()),
-    ]
-)
-
-
-def epoch_frame(spark, epoch: int, rows: int):
-    """The deterministic rows of one epoch: ids epoch*rows .. (epoch+1)*rows-1, 2 partitions."""
-    from pyspark.sql import functions as F
-
-    return spark.range(epoch * rows, (epoch + 1) * rows, numPartitions=2).select(
-        F.col("id"),
-        F.lit(epoch).cast("long").alias("epoch"),
-        F.concat(F.lit("row-"), F.col("id").cast("string")).alias("name"),
-        F.timestamp_seconds(F.col("id") * 60).alias("ts"),
-        (F.col("id") / 7.0).alias("score"),
-    )
+from falkirk.bench.delta_bench import SCHEMA, epoch_frame  # the same rows as the bench
 
 
 def main(argv: list[str]) -> int:

@@ -53,6 +53,7 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
         .config("spark.sql.shuffle.partitions", str(cfg.spark_shuffle_partitions))
         .config("spark.default.parallelism", "2")
         .config("spark.ui.enabled", "true" if cfg.spark_ui else "false")
+        .config("spark.ui.showConsoleProgress", "false")  # progress goes to the logs
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")

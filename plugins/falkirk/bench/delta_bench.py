@@ -31,15 +31,16 @@ SCHEMA = pa.schema(
 )
 
 
-def epoch_frame(spark, epoch: int, start: int, end: int):
-    """Rows start..end-1 of one epoch, in two partitions (two cores)."""
+def epoch_frame(spark, epoch: int, rows: int):
+    """The deterministic rows of one epoch: ids epoch*rows .. (epoch+1)*rows-1, in two
+    partitions (two cores). The writer tests use the same rows."""
     from pyspark.sql import functions as F
 
-    return spark.range(start, end, numPartitions=2).select(
+    return spark.range(epoch * rows, (epoch + 1) * rows, numPartitions=2).select(
         F.col("id"),
         F.lit(epoch).cast("long").alias("epoch"),
-        F.concat(F.lit("payload-"), F.col("id").cast("string")).alias("name"),
-        F.timestamp_seconds(F.col("id")).alias("ts"),
+        F.concat(F.lit("row-"), F.col("id").cast("string")).alias("name"),
+        F.timestamp_seconds(F.col("id") * 60).alias("ts"),
         (F.col("id") / 7.0).alias("score"),
     )
 
@@ -52,7 +53,7 @@ def main(rows: int = 1_000_000, epochs: int = 5) -> dict[str, float]:
     try:
         writer = EpochWriter(f"{root}/table", "bench", 1, SCHEMA)
         writer.ensure_table()
-        warm = epoch_frame(spark, 0, 0, 10_000)  # warm both paths up (JIT, Python workers)
+        warm = epoch_frame(spark, 0, 10_000)  # warm both paths up (JIT, Python workers)
         warm.write.parquet(f"{root}/plain/warm")
         writer.write_epoch(warm, 0)
 
@@ -60,7 +61,7 @@ def main(rows: int = 1_000_000, epochs: int = 5) -> dict[str, float]:
         plain_s = writer_s = 0.0
         for i in range(epochs):
             epoch = i + 1
-            df = epoch_frame(spark, epoch, i * per_epoch, (i + 1) * per_epoch)
+            df = epoch_frame(spark, epoch, per_epoch)
 
             def plain(df=df, epoch=epoch) -> float:
                 t0 = time.perf_counter()
