@@ -22,7 +22,8 @@ DAG_IDS = {ROLLBACK, "falkirk_batch_popularity", "falkirk_streams_supervisor", "
 def airflow_env(tmp_path_factory):
     """A migrated SQLite Airflow home of its own, set before Airflow is first imported."""
     if "airflow.configuration" in sys.modules:
-        pytest.skip("Airflow was imported before its test home was set")
+        pytest.fail("Airflow was imported before its test home was set: a test imported it "
+                    "at module level; import it inside the test instead")
     home = tmp_path_factory.mktemp("airflow_home")
     env = {
         "AIRFLOW_HOME": str(home),
