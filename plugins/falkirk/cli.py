@@ -232,6 +232,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return generate.cli(args)
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from falkirk import demo
+
+    return demo.main(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
@@ -269,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-problem", type=Path, help="also write the problem solved (JSON)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("demo", help="the reference pipeline with a failure, a rollback and a "
+                                    "report (var/demo/report.html)")
+    p.add_argument("--root", help="where the demo's sandboxes and report go (default var/demo)")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("examples", help="solve the worked examples and print their plans")
     p.add_argument("--json", action="store_true", help="one JSON object per example")
