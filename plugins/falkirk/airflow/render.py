@@ -154,11 +154,10 @@ def region_graph_svg(pipeline: Pipeline, frontiers: dict[str, Any] | None = None
     for col, names in columns.items():
         for i, name in enumerate(names):
             pos[name] = (margin + col * (w + gap_x), margin + 30 + i * (h + gap_y))
-    for i, edge in enumerate(inputs):  # outside inputs in column 0, beside their reader
-        y = pos[edge.dst][1] + (i % 2) * 8
-        pos[f"input:{edge.name}"] = (margin, y)
+    for i, edge in enumerate(inputs):  # outside inputs in column 0, one row each
+        pos[f"input:{edge.name}"] = (margin, margin + 30 + i * (h + gap_y))
     n_cols = max(columns) + 1
-    rows = max(len(v) for v in columns.values())
+    rows = max(len(inputs), *(len(v) for v in columns.values()))
     width = margin * 2 + n_cols * w + (n_cols - 1) * gap_x
     height = margin * 2 + 30 + rows * (h + gap_y) + 40
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -183,6 +182,9 @@ def region_graph_svg(pipeline: Pipeline, frontiers: dict[str, Any] | None = None
         if x2 <= x1:  # back edge into an iterating region: route over the top
             mid = min(sy, dy) - 14
             path = f"M {x1} {y1} C {x1 + 40} {mid} {x2 - 40} {mid} {x2} {y2}"
+        elif edge.src is None and x2 - x1 > w + gap_x:  # a topic read far right: go under
+            lane = margin + 30 + rows * (h + gap_y) - gap_y + 60  # the curve dips ¾ of it
+            path = f"M {x1} {y1} C {x1 + 120} {lane} {x2 - 120} {lane} {x2} {y2}"
         else:
             path = f"M {x1} {y1} C {(x1 + x2) / 2} {y1} {(x1 + x2) / 2} {y2} {x2} {y2}"
         dash = ' stroke-dasharray="5 4"' if edge.kind == "unlogged" else ""
