@@ -44,12 +44,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
-from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
 from falkirk.errors import FalkirkError
-from falkirk.lake import read_table
+from falkirk.lake import TableSchemaError, ensure_table, read_table
 
 CHECKPOINT = "checkpoint"
 KEY = "key"
@@ -59,12 +58,6 @@ RESERVED = (CHECKPOINT, KEY, DELETED)
 MANIFEST_KEY = "falkirk.checkpoints"
 APP_ID = "falkirk.checkpoints"
 MANIFEST_FORMAT = 1
-#: delta-rs deletes and overwrites fail with deletion vectors; column mapping would make the
-#: Parquet column names differ from the logical ones.
-TABLE_CONFIGURATION: dict[str, str | None] = {
-    "delta.enableDeletionVectors": "false",
-    "delta.columnMapping.mode": "none",
-}
 _HISTORY_STEPS = (4, 64, None)  # how far back to look for the newest falkirk commit
 
 
@@ -184,23 +177,12 @@ class CheckpointStore:
 
     def _ensure_table(self) -> None:
         """Create the table with an empty manifest if missing; refuse one of another schema."""
-        if not DeltaTable.is_deltatable(self.uri, self.storage_options):
-            empty = _Manifest({}).entry("create", ())
-            DeltaTable.create(
-                self.uri,
-                self.schema,
-                mode="ignore",  # another process may create it at the same moment
-                configuration=TABLE_CONFIGURATION,
-                storage_options=self.storage_options,
-                commit_properties=CommitProperties(custom_metadata=empty),
-            )
-        table = self._table()
-        expected = json.loads(DeltaSchema.from_arrow(self.schema).to_json())
-        if json.loads(table.schema().to_json()) != expected:
-            raise CheckpointError(
-                f"{self.uri} has schema {table.schema().to_json()}, "
-                f"this store keeps {json.dumps(expected)}"
-            )
+        empty = _Manifest({}).entry("create", ())
+        try:
+            ensure_table(self.uri, self.schema, self.storage_options,
+                         CommitProperties(custom_metadata=empty))
+        except TableSchemaError as exc:
+            raise CheckpointError(f"{exc}: not this checkpoint store's table") from None
 
     def _table(self, version: int | None = None) -> DeltaTable:
         return DeltaTable(self.uri, version=version, storage_options=self.storage_options)

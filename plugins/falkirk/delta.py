@@ -38,7 +38,6 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -50,18 +49,12 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from falkirk.faults import maybe_crash
-from falkirk.lake import local_path, table_filesystem
+from falkirk.lake import ensure_table, local_path, table_filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-#: Table properties of every table we create: delta-rs deletes fail with deletion vectors,
-#: and column mapping would make the physical Parquet column names differ from Spark's.
-TABLE_CONFIGURATION: dict[str, str | None] = {
-    "delta.enableDeletionVectors": "false",
-    "delta.columnMapping.mode": "none",
-}
 SOURCE_NAME = "falkirk_delta"
 _LOG_DIR = "_delta_log"
 _STATS_MAX_STRING = 32  # Delta truncates longer strings in stats
@@ -250,23 +243,8 @@ class EpochWriter:
 
     def ensure_table(self) -> DeltaTable:
         """Create the table (an empty version 0) if missing; refuse a table of another schema."""
-        if not DeltaTable.is_deltatable(self.table_uri, self.storage_options):
-            DeltaTable.create(
-                self.table_uri,
-                self.schema,
-                mode="ignore",  # another process may create it at the same moment
-                configuration=TABLE_CONFIGURATION,
-                storage_options=self.storage_options,
-            )
-        table = DeltaTable(self.table_uri, storage_options=self.storage_options)
-        expected = json.loads(DeltaSchema.from_arrow(self.schema).to_json())
-        if json.loads(table.schema().to_json()) != expected:
-            raise ValueError(
-                f"{self.table_uri} has schema {table.schema().to_json()}, "
-                f"this writer writes {json.dumps(expected)}"
-            )
-        self._table = table
-        return table
+        self._table = ensure_table(self.table_uri, self.schema, self.storage_options)
+        return self._table
 
     def _fresh_table(self) -> DeltaTable:
         """The table at its latest version (a stale handle fails to commit: 'Concurrent

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from falkirk.errors import FalkirkError
 from falkirk.frontier import Edge, Entry, Problem, Region
-from falkirk.lake import read_table
+from falkirk.lake import TABLE_CONFIGURATION, read_table
 from falkirk.schemas import arrow_schema
 from falkirk.times import DOMAINS, Domain, Offsets, project, shift
 from falkirk.topology import Pipeline
@@ -167,7 +167,7 @@ class EpochLog:
             f"append to {table}",
             lambda: write_deltalake(
                 self.uri(table), data, mode="append", storage_options=self.storage_options,
-                configuration={"delta.enableDeletionVectors": "false"},
+                configuration=TABLE_CONFIGURATION,
                 commit_properties=CommitProperties(max_commit_retries=50),
             ),
         )

@@ -17,6 +17,44 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from falkirk.errors import FalkirkError
+
+#: Table properties of every table we create: delta-rs deletes and overwrites fail with
+#: deletion vectors, and column mapping would make the Parquet column names differ from
+#: the logical ones (and from Spark's).
+TABLE_CONFIGURATION: dict[str, str | None] = {
+    "delta.enableDeletionVectors": "false",
+    "delta.columnMapping.mode": "none",
+}
+
+
+class TableSchemaError(FalkirkError, ValueError):
+    """A table exists with another schema than the one its writer writes."""
+
+
+def ensure_table(table_uri: str, schema: pa.Schema,
+                 storage_options: dict[str, str] | None = None, commit_properties=None):
+    """The table at ``table_uri``, created (an empty version 0) if missing; a table of
+    another schema is refused."""
+    import json
+
+    from deltalake import DeltaTable
+    from deltalake import Schema as DeltaSchema
+
+    if not DeltaTable.is_deltatable(table_uri, storage_options):
+        DeltaTable.create(
+            table_uri, schema,
+            mode="ignore",  # another process may create it at the same moment
+            configuration=TABLE_CONFIGURATION, storage_options=storage_options,
+            commit_properties=commit_properties,
+        )
+    table = DeltaTable(table_uri, storage_options=storage_options)
+    expected = json.loads(DeltaSchema.from_arrow(schema).to_json())
+    if json.loads(table.schema().to_json()) != expected:
+        raise TableSchemaError(f"{table_uri} has schema {table.schema().to_json()}, "
+                               f"its writer writes {json.dumps(expected)}")
+    return table
+
 
 def local_path(table_uri: str) -> str | None:
     """The local folder of a table URI, or None for an object store."""
