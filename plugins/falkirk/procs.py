@@ -55,7 +55,8 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if load().spark_master.startswith("local"):  # a cluster's workers must reach the driver
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     return env
 
 

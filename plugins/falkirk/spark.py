@@ -44,7 +44,9 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     from pyspark.sql import SparkSession
 
     cfg = cfg or load()
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    local = cfg.spark_master.startswith("local")
+    if local:  # on a cluster the driver must be reachable from the workers
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = (
@@ -54,7 +56,6 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
         .config("spark.default.parallelism", "2")
         .config("spark.ui.enabled", "true" if cfg.spark_ui else "false")
         .config("spark.ui.showConsoleProgress", "false")  # progress goes to the logs
-        .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config(
@@ -63,6 +64,8 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
         )
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     )
+    if local:
+        builder = builder.config("spark.driver.host", "127.0.0.1")
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

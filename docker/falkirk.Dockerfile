@@ -1,0 +1,71 @@
+# syntax=docker/dockerfile:1
+# The falkirk image: one Python environment for Airflow (api-server, scheduler,
+# dag-processor, triggerer) AND the Spark master/worker of docker-compose.yml. Spark
+# runs from the pyspark wheel of the same venv, so the driver (in an Airflow task),
+# the executors and their Python workers all have pyspark 4.2.0, deltalake and falkirk
+# at the same path (/opt/venv/bin/python), exactly as uv.lock pins them.
+#
+#   docker compose build          (or: docker build -f docker/falkirk.Dockerfile .)
+#
+# Bookworm, not trixie: Spark 4 needs Java 17+, and bookworm ships openjdk-17.
+FROM python:3.11-slim-bookworm
+
+# The uv bin/setup installs, so the image resolves uv.lock the same way.
+ARG UV_VERSION=0.13.8
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    UV_PROJECT_ENVIRONMENT=/opt/venv \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_LINK_MODE=copy \
+    UV_COMPILE_BYTECODE=1
+
+# Java for Spark (driver, master, worker, executors); procps for ps in Spark's scripts.
+# The man1 folder: the JRE's postinst links its man pages there (absent on slim images).
+RUN set -eux; \
+    mkdir -p /usr/share/man/man1; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends openjdk-17-jre-headless procps; \
+    rm -rf /var/lib/apt/lists/*; \
+    java -version
+
+RUN pip install --no-cache-dir "uv==${UV_VERSION}"
+
+WORKDIR /opt/falkirk
+
+# Dependencies first (cached until pyproject.toml or uv.lock change): exactly uv.lock.
+COPY pyproject.toml uv.lock ./
+RUN uv sync --locked --no-dev --no-install-project
+
+# The repository, then falkirk itself (editable: compose mounts dags/, jobs/, plugins/
+# and schemas/ over these copies, so an edit on the host is what every service runs).
+COPY . .
+RUN uv sync --locked --no-dev
+
+# Airflow's PostgreSQL drivers: psycopg2 for postgresql+psycopg2:// and asyncpg for the
+# async URL Airflow 3 derives from it (postgresql+asyncpg://, used by the API server).
+# uv.lock has neither (the local Airflow uses SQLite and aiosqlite), so they are pinned
+# here, on top of the locked environment (after the last exact `uv sync`), changing none
+# of its packages.
+RUN uv pip install --python /opt/venv/bin/python "psycopg2-binary==2.9.10" "asyncpg==0.30.0"
+
+# A non-root user (uid 50000, group 0 as in Airflow's own image); the folders that
+# compose mounts named volumes on are created here so the volumes inherit the owner.
+# passwords.json: SimpleAuthManager's known login, admin/admin as bin/airflow's.
+RUN set -eux; \
+    useradd --uid 50000 --gid 0 --create-home --home-dir /home/falkirk falkirk; \
+    mkdir -p /opt/airflow/logs /opt/falkirk/var /opt/ivy; \
+    echo '{"admin": "admin"}' > /opt/airflow/passwords.json; \
+    chown -R falkirk:0 /opt/airflow /opt/falkirk/var /opt/ivy; \
+    chmod -R g+rwX /opt/airflow /opt/falkirk/var /opt/ivy
+
+ENV PATH=/opt/venv/bin:$PATH \
+    AIRFLOW_HOME=/opt/airflow \
+    PYSPARK_PYTHON=/opt/venv/bin/python \
+    PYSPARK_DRIVER_PYTHON=/opt/venv/bin/python \
+    SPARK_CONF_DIR=/opt/falkirk/docker/spark \
+    SPARK_WORKER_DIR=/tmp/spark-work
+
+USER falkirk
+ENTRYPOINT ["/bin/sh", "/opt/falkirk/docker/entrypoint.sh"]
+CMD ["falkirk", "--help"]
