@@ -40,11 +40,14 @@ def rollback_params() -> dict[str, Param]:
             pipelines[0] if pipelines else None, type="string", enum=pipelines,
             title="Pipeline", description="The declared pipeline to roll back."),
         "failed_regions": Param(
+            # examples: the trigger form offers a multi-select of them (an array param
+            # without examples or a top-level enum gets a textarea); items.enum is what
+            # Airflow validates against
             [], type="array", minItems=1, uniqueItems=True,
-            items={"type": "string", "enum": all_regions()},
+            items={"type": "string", "enum": all_regions()}, examples=all_regions(),
             title="Regions",
-            description="The regions that failed (one per line). With 'to_epoch': exactly "
-                        "one region, the one to take back on purpose."),
+            description="The regions that failed (pick one or more). With 'to_epoch': "
+                        "exactly one region, the one to take back on purpose."),
         "to_epoch": Param(
             None, type=["null", "integer"], minimum=-1,
             title="Back to epoch (optional)",

@@ -27,6 +27,7 @@ table{border-collapse:collapse;margin:8px 0 12px}
 th,td{border:1px solid #cbd5e1;padding:4px 10px;text-align:left}
 th{background:#f1f5f9} code{background:#f1f5f9;padding:0 3px}
 h2{font-size:18px} .muted{color:#64748b}
+svg{display:block;max-width:100%;height:auto}
 """
 
 
