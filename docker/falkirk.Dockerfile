@@ -35,19 +35,12 @@ WORKDIR /opt/falkirk
 
 # Dependencies first (cached until pyproject.toml or uv.lock change): exactly uv.lock.
 COPY pyproject.toml uv.lock ./
-RUN uv sync --locked --no-dev --no-install-project
+RUN uv sync --locked --no-dev --extra postgres --no-install-project
 
 # The repository, then falkirk itself (editable: compose mounts dags/, jobs/, plugins/
 # and schemas/ over these copies, so an edit on the host is what every service runs).
 COPY . .
-RUN uv sync --locked --no-dev
-
-# Airflow's PostgreSQL drivers: psycopg2 for postgresql+psycopg2:// and asyncpg for the
-# async URL Airflow 3 derives from it (postgresql+asyncpg://, used by the API server).
-# uv.lock has neither (the local Airflow uses SQLite and aiosqlite), so they are pinned
-# here, on top of the locked environment (after the last exact `uv sync`), changing none
-# of its packages.
-RUN uv pip install --python /opt/venv/bin/python "psycopg2-binary==2.9.10" "asyncpg==0.30.0"
+RUN uv sync --locked --no-dev --extra postgres
 
 # A non-root user (uid 50000, group 0 as in Airflow's own image); the folders that
 # compose mounts named volumes on are created here so the volumes inherit the owner.
