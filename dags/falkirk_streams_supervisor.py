@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.providers.standard.operators.python import PythonOperator
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG
 
-from falkirk.airflow import supervisor
+from falkirk.airflow import checks_tasks, supervisor
 from falkirk.airflow.defaults import DEFAULT_ARGS, TAGS
 
 PIPELINE = "reference"
@@ -26,6 +27,16 @@ Runs continuously (one run after another) while unpaused:
 3. **recover** rolls back the dead job's regions (as failed) with falkirk's
    RollbackExecutor, then restarts the jobs it stopped. Its plan appears in the run's
    **Rollback plan** tab.
+
+4. **data_checks** (beside watch) runs `falkirk validate` every 30 s: every newly
+   committed epoch of every output table against its suite in `schemas/expectations/`,
+   plus the cross-region invariants (events and purchases conserved, every query answered
+   once, running totals, community labels). A failing epoch is quarantined: readers hold
+   back, serve answers from the last good epoch. The task then fails and says why
+   (results also in the `checks` table, `falkirk validate` and GX Data Docs under
+   `var/checks/`), or, with `checks: {on_failure: rollback}` in the pipeline settings,
+   **trigger_rollback** starts `falkirk_rollback` for that region back to its last good
+   epoch.
 
 No params. Pause this DAG to stop supervising (the jobs keep running).
 """
@@ -47,4 +58,10 @@ with DAG(
                                      soft_fail=True)
     recover = PythonOperator(task_id="recover", python_callable=supervisor.recover,
                              op_kwargs={"pipeline": PIPELINE})
+    checks = checks_tasks.EpochChecksSensor(task_id="data_checks", pipeline=PIPELINE,
+                                            timeout=timedelta(hours=12).total_seconds())
+    trigger = TriggerDagRunOperator.partial(
+        task_id="trigger_rollback", trigger_dag_id="falkirk_rollback",
+    ).expand(conf=checks.output)
     start >> watch >> recover
+    start >> checks >> trigger

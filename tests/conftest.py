@@ -1,8 +1,16 @@
-"""Shared fixtures: one Spark session per test module, and a local broker."""
+"""Shared fixtures: one Spark session per test module, a local broker, a test Airflow
+home (set before Airflow is first imported) and a freshly parsed rollback DAG."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+
+from falkirk.config import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
@@ -30,3 +38,39 @@ def world(tmp_path):
     from tiny_pipeline import make_world
 
     return make_world(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def airflow_env(tmp_path_factory):
+    """A migrated SQLite Airflow home of its own, set before Airflow is first imported."""
+    if "airflow.configuration" in sys.modules:
+        pytest.fail("Airflow was imported before its test home was set: a test imported it "
+                    "at module level; import it inside the test instead")
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True,
+                   capture_output=True, timeout=300)
+    yield env
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def rollback_dag(airflow_env):
+    """A freshly parsed rollback DAG: dag.test() leaves the run's conf in the DAG's Param
+    objects (Param.resolve keeps the value), so a reused DAG would carry it over."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO_ROOT / "dags" / "falkirk_rollback.py")).dags[
+        "falkirk_rollback"]

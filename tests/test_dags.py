@@ -3,12 +3,8 @@ and a dry run shows the plan and changes nothing (dag.test on a sandbox epoch lo
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -19,45 +15,10 @@ DAG_IDS = {ROLLBACK, "falkirk_batch_popularity", "falkirk_streams_supervisor", "
 
 
 @pytest.fixture(scope="session")
-def airflow_env(tmp_path_factory):
-    """A migrated SQLite Airflow home of its own, set before Airflow is first imported."""
-    if "airflow.configuration" in sys.modules:
-        pytest.fail("Airflow was imported before its test home was set: a test imported it "
-                    "at module level; import it inside the test instead")
-    home = tmp_path_factory.mktemp("airflow_home")
-    env = {
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True,
-                   capture_output=True, timeout=300)
-    yield env
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-@pytest.fixture(scope="session")
 def dagbag(airflow_env):
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(dag_folder=str(REPO_ROOT / "dags"))
-
-
-@pytest.fixture
-def rollback_dag(airflow_env):
-    """A freshly parsed rollback DAG: dag.test() leaves the run's conf in the DAG's Param
-    objects (Param.resolve keeps the value), so a reused DAG would carry it over."""
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(REPO_ROOT / "dags" / f"{ROLLBACK}.py")).dags[ROLLBACK]
 
 
 @pytest.fixture
@@ -230,18 +191,27 @@ def test_a_stream_that_finished_is_not_dead(tmp_path, monkeypatch):
 
 
 def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):
-    """No job runs in the sandbox, so nothing is stopped or restarted and no batch epoch
-    reruns (communities alone goes back): plan, roll back, resume and validate for real."""
+    """No job runs in the sandbox, so nothing is stopped and no batch epoch reruns
+    (communities alone goes back): plan, roll back, resume and validate for real. The job
+    hosting communities is started again (it must redo epochs 3 and 4 even though it is
+    not running); the test stops it afterwards."""
     from reference_world import snapshot
 
+    from falkirk import procs
     from falkirk.epochlog import EpochLog
     from falkirk.topology import load_pipeline
 
     before = snapshot(sandbox)
-    run = rollback_dag.test(run_conf=_conf(dry_run=False, reason="test: communities died"),
-                            logical_date=None)
+    try:
+        run = rollback_dag.test(run_conf=_conf(dry_run=False, reason="test: communities died"),
+                                logical_date=None)
+    finally:
+        procs.stop_regions(load_pipeline("reference"), {"communities"})
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert run.state == "success", states
+    rerun = next(ti for ti in run.get_task_instances() if ti.task_id == "rerun_and_replay")
+    assert list(rerun.xcom_pull(task_ids="rerun_and_replay")["restarted"]) == [
+        "jobs/communities.py"]
     after = snapshot(sandbox)
     assert after["user_community"] == before["user_community"] + 1  # restored (a new version)
     assert after["item_popularity"] == before["item_popularity"]  # untouched

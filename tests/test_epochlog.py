@@ -126,3 +126,16 @@ def test_two_processes_committing_at_once_lose_no_row(tmp_path):
     records = EpochLog(root).records("small")
     for region in ("popularity", "stats"):
         assert sorted(r.time for r in records if r.region == region) == list(range(n))
+
+
+def test_the_end_of_a_regions_input_is_kept_across_generations(world):
+    """Receivers reading only Delta edges end once every sender's input ended: the marker
+    says the last epoch, the latest end wins, and a rollback's new generation keeps it
+    (the input is the same)."""
+    _, log, _, _ = world
+    assert log.ends("tiny") == {}
+    log.record_end("tiny", ["ingest"], 5, 0)
+    log.record_end("tiny", ["agg", "report"], 4, 1)
+    assert log.ends("tiny") == {"ingest": 5, "agg": 4, "report": 4}
+    log.record_end("tiny", ["ingest"], 3, 2)  # a shorter run does not move the end back
+    assert log.ends("tiny")["ingest"] == 5

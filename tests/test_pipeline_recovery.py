@@ -118,6 +118,47 @@ def test_a_rollback_killed_half_way_and_run_again_ends_in_the_same_state(golden,
     assert_same(golden, outputs)
 
 
+def test_the_rollback_dag_after_a_killed_region_ends_like_the_failure_free_run(
+        golden, tmp_path, monkeypatch, rollback_dag):
+    """What an operator does from the UI, run with Airflow's own test runner: communities is
+    killed mid-epoch; a falkirk_rollback run (dry_run false) plans, pauses the affected
+    streams, rolls back, restarts them and validates; the pipeline then finishes."""
+    import time
+
+    from falkirk import procs
+
+    with LocalBroker(tmp_path / "broker") as b, LocalRun(tmp_path, broker=b) as run:
+        for key, value in run.env.items():  # the DAG's tasks read the sandbox's config
+            monkeypatch.setenv(key, value)
+        run.generate(**INPUT)
+        run.start(until_epoch=EPOCHS - 1)
+        run.wait_for(lambda: run.epoch_running("communities", 3), timeout_s=900,
+                     what="communities in the middle of epoch 3")
+        run.kill("jobs/communities.py")
+        dagrun = rollback_dag.test(run_conf={
+            "pipeline": "reference", "failed_regions": ["communities"], "dry_run": False,
+            "reason": "test: communities killed"}, logical_date=None)
+        states = {ti.task_id: ti.state for ti in dagrun.get_task_instances()}
+        assert dagrun.state == "success", states
+        rollbacks = run.log.rollbacks("reference")
+        assert [r["status"] for r in rollbacks] == ["started", "done"]
+        assert rollbacks[-1]["plan"]["frontiers"]["communities"] == [2, "inf"]
+        # The DAG restarted communities itself (a stream job: it runs until the input
+        # ends); the jobs the harness started finish as they would have.
+        moved = {r for r, f in rollbacks[-1]["plan"]["frontiers"].items() if f != "top"}
+        codes = run.wait(timeout_s=1200)
+        assert codes.pop("jobs/communities.py") == -9
+        for job in [j for j, hosted in run.jobs.items() if set(hosted) & moved]:
+            codes.pop(job, None)  # stopped by the DAG's pause, restarted by it
+        assert set(codes.values()) <= {0}, {j: str(run.log_file(j)) for j in codes}
+        deadline = time.monotonic() + 1200
+        while procs.running(run.pipeline, run.cfg):
+            assert time.monotonic() < deadline, procs.running(run.pipeline, run.cfg)
+            time.sleep(2)
+        assert_ranges_tile_the_input(run)
+        assert_same(golden, run.outputs())
+
+
 def test_the_golden_run_conserves_events_purchases_and_queries(golden, spark):
     """Valid events + dead letters = events produced; purchases per epoch = valid purchase
     events of that epoch; every query answered exactly once."""

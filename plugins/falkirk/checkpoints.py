@@ -48,6 +48,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
 from falkirk.errors import FalkirkError
+from falkirk.faults import maybe_crash
 from falkirk.lake import TableSchemaError, ensure_table, read_table
 
 CHECKPOINT = "checkpoint"
@@ -280,6 +281,8 @@ class CheckpointStore:
             upserts=len(upserts),
             tombstones=len(deleted),
         )
+        # Trials: die mid-checkpoint (the epoch's outputs committed, this checkpoint not).
+        maybe_crash("checkpoint:before-save")
         self._commit(table, rows, metadata, checkpoint_id, mode="append")
         added = {p: s for p, s in _file_sizes(table).items() if p not in before}
         return CheckpointInfo(

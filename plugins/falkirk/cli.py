@@ -133,6 +133,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             "checkpoints": [r.time for r in restorable if r.state_ref],
             "low_watermark": wm[name].to_json(),
             "running": jobs.get(name),
+            "quarantined": [{"epoch": r.epoch, "generation": r.generation, "why": r.note}
+                            for r in rlog.quarantined()],
         }
     if args.json:
         print(json.dumps(status))
@@ -150,7 +152,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         table.add_row(name, s["regime"], latest, json.dumps(s["frontier"]),
                       ", ".join(json.dumps(c) for c in s["checkpoints"][-4:]),
                       json.dumps(s["low_watermark"]), s["running"] or "stopped")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for name, s in status["regions"].items():
+        for q in s["quarantined"]:
+            console.print(f"[red]quarantined[/red] {name} epoch {q['epoch']} (generation "
+                          f"{q['generation']}): {q['why']}")
     return 0
 
 
@@ -219,6 +226,60 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Data checks of committed epochs; failing epochs are quarantined (exit status 1)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from falkirk.checks import Validator
+    from falkirk.config import load
+    from falkirk.spark import register_sources, session
+
+    pipeline = _pipeline(args.pipeline)
+    console = Console(stderr=args.json)
+    with console.status("starting Spark and Great Expectations…") as status:
+        spark = session("falkirk-validate")
+        register_sources(spark)
+        validator = Validator(pipeline, spark, load(), docs=not args.no_docs)
+        def progress(row) -> None:
+            status.update(f"checking {row.region} epoch {row.epoch} "
+                          f"(generation {row.generation})…")
+
+        if args.follow:  # long-running: progress goes to the log, one line per epoch
+            import logging
+
+            logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            report = validator.follow(args.until_epoch, progress=progress)
+        else:
+            report = validator.run(
+                epochs=None if args.epoch is None else [args.epoch],
+                regions=_split(args.region) or None, quarantine=not args.no_quarantine,
+                progress=progress)
+    if args.json:
+        print(json.dumps(report.as_dict(), default=str))
+        return 1 if report.failures else 0
+    table = Table(title=f"data checks of {pipeline.name}")
+    for col in ("region", "epoch", "gen", "checks", "seconds", "result"):
+        table.add_column(col)
+    for region, epoch, gen, seconds, outcomes in report.epochs:
+        bad = [o for o in outcomes if not o.success]
+        table.add_row(region, str(epoch), str(gen), str(len(outcomes)), f"{seconds:.1f}",
+                      "[green]passed[/green]" if not bad else
+                      "[red]failed: " + "; ".join(f"{o.table} {o.check} {o.observed}"
+                                                  for o in bad[:3]) + "[/red]")
+    console.print(table if report.epochs else "nothing to check: every committed epoch "
+                  "has been checked (--epoch N checks one again)")
+    for region, epoch in report.quarantined:
+        console.print(f"[red]quarantined[/red] {region} epoch {epoch}: readers hold back; "
+                      f"roll back to the last good epoch and rerun to release it")
+    for conf in report.rollbacks:
+        console.print(f"rollback requested: {json.dumps(conf)}")
+    if report.docs:
+        console.print(f"Data Docs: {report.docs}")
+    return 1 if report.failures else 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """Seeded input for a pipeline, cut into the pipeline's epochs, produced to its topics."""
     from falkirk import generate
@@ -238,6 +299,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.main(args)
 
 
+def cmd_trials(args: argparse.Namespace) -> int:
+    from falkirk import trials
+
+    return trials.main(args)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
@@ -255,6 +322,7 @@ BENCHES = {
     "checkpoints": ("checkpoint_bench", False),
     "rework": ("rework_bench", True),
     "regimes": ("regimes_bench", True),
+    "all": ("all_bench", True),
 }
 
 
@@ -325,6 +393,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", help="broker (default: the config's; '-' = only summarise)")
     p.set_defaults(func=cmd_generate)
 
+    p = sub.add_parser("validate", help="data checks of committed epochs (GX suites and "
+                       "cross-region invariants); quarantines failing epochs")
+    p.add_argument("--pipeline", help="declared pipeline (default: the only one)")
+    p.add_argument("--epoch", type=int, help="check this epoch again (default: every "
+                   "committed epoch not checked yet)")
+    p.add_argument("--region", help="only these regions (comma-separated)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--no-quarantine", action="store_true",
+                   help="record results only; do not quarantine failing epochs")
+    p.add_argument("--no-docs", action="store_true", help="skip building GX Data Docs")
+    p.add_argument("--follow", action="store_true", help="keep checking epochs as they are "
+                   "committed (what readers wait for with settings.checks.hold)")
+    p.add_argument("--until-epoch", type=int, help="with --follow: stop once every checked "
+                   "region passed this epoch")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("trials", help="fault-injection trials: kill a random region at a "
+                       "random phase, recover, compare with a failure-free run")
+    p.add_argument("-n", "--trials", type=int, default=5, help="how many trials (default 5)")
+    p.add_argument("--seed", type=int, default=1, help="picks regions and phases")
+    p.add_argument("--events", type=int, default=1500, help="events of input per run")
+    p.add_argument("--epochs", type=int, default=5, help="epochs of input per run")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    p.set_defaults(func=cmd_trials)
+
     p = sub.add_parser("bench", help="print performance figures")
     p.add_argument("what", choices=list(BENCHES), help="which benchmark")
     p.add_argument("--regions", type=int, default=10_000, help="solver: regions")
@@ -338,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2, help="regimes: rounds of each variant")
     p.add_argument("--latency-events", type=int, default=3000, help="regimes: live events")
     p.add_argument("--latency-epochs", type=int, default=6, help="regimes: live epochs")
+    p.add_argument("--quick", action="store_true", help="all: small inputs (a smoke run)")
+    p.add_argument("--out", help="all: where to write the JSON (default var/bench/<commit>.json)")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -33,7 +33,7 @@ from falkirk.schemas import arrow_schema
 from falkirk.times import DOMAINS, Domain, Offsets, project, shift
 from falkirk.topology import Pipeline
 
-STATUSES = ("running", "committed", "checkpointed", "invalidated")
+STATUSES = ("running", "committed", "checkpointed", "invalidated", "quarantined")
 # Which statuses make a frontier a region can restore to, by regime.
 RESTORABLE = {
     "ephemeral": ("committed",),  # every epoch whose output was handed on
@@ -113,9 +113,45 @@ class RegionLog:
     entries: dict[Any, EpochRecord] = field(default_factory=dict)  # key -> latest valid row
 
     def restorable(self, regime: str) -> list[EpochRecord]:
+        """Rows the region can restore to: never at or past a quarantined epoch (a frontier
+        vouches for every epoch up to it)."""
         keep = RESTORABLE[regime]
-        return [r for k, r in sorted(self.entries.items(), key=lambda kv: kv[0])
-                if r.status in keep]
+        rows = []
+        for _, r in sorted(self.entries.items(), key=lambda kv: kv[0]):
+            if r.status == "quarantined":
+                break
+            if r.status in keep:
+                rows.append(r)
+        return rows
+
+    def readable(self, key: Any, epoch: int, side_input: bool = False,
+                 checked: set[tuple[int, int]] | None = None) -> EpochRecord | None | bool:
+        """What a receiver reads for this region's epoch (``key``: its time): the row;
+        ``None`` (read nothing: a side input with no good epoch yet); ``False`` (wait).
+
+        A quarantined epoch, and every later one, is never read: a receiver waits; a side
+        input (a delayed edge, read as of an earlier epoch) reads the last good epoch
+        before it. With ``checked`` (the pipeline holds epochs until their data checks
+        pass: the (epoch, generation) pairs that passed), an epoch not checked yet is not
+        read (a side input waits too: answers must not depend on when checks ran).
+        """
+        def good(r: EpochRecord) -> bool:
+            return r.status in ("committed", "checkpointed") and (
+                checked is None or (r.epoch, r.generation) in checked)
+
+        held = self.quarantined()
+        if held and held[0].epoch <= epoch:  # held back with everything after it
+            if not side_input:
+                return False
+            ok = [r for r in self.entries.values() if r.epoch < held[0].epoch and good(r)]
+            return max(ok, key=lambda r: r.epoch) if ok else None
+        row = self.entries.get(key)
+        return row if row is not None and good(row) else False
+
+    def quarantined(self) -> list[EpochRecord]:
+        """Epochs held back because their data checks failed."""
+        return [r for _, r in sorted(self.entries.items(), key=lambda kv: kv[0])
+                if r.status == "quarantined"]
 
     @property
     def latest(self) -> EpochRecord | None:
@@ -213,6 +249,42 @@ class EpochLog:
             "status": status, "request": json.dumps(request, sort_keys=True),
             "plan": json.dumps(plan, sort_keys=True), "recorded_at": datetime.now(UTC),
         }])
+
+    def record_end(self, pipeline: str, regions: Iterable[str], through: int,
+                   generation: int) -> None:
+        """The regions' input ended: no epoch after ``through`` will ever come."""
+        now = datetime.now(UTC)
+        self._append("ends", [{"pipeline": pipeline, "region": r, "through": through,
+                               "generation": generation, "recorded_at": now} for r in regions])
+
+    def ends(self, pipeline: str) -> dict[str, int]:
+        """Per region whose input ended: its last epoch."""
+        out: dict[str, int] = {}
+        for row in self._read("ends", pipeline):
+            out[row["region"]] = max(out.get(row["region"], row["through"]), row["through"])
+        return out
+
+    def record_checks(self, rows: list[dict]) -> None:
+        """Append data-check results (see schemas/tables/checks.json)."""
+        self._append("checks", rows)
+
+    def checks(self, pipeline: str) -> list[dict]:
+        """Every data-check result of a pipeline, oldest first."""
+        return sorted(self._read("checks", pipeline), key=lambda r: r["checked_at"])
+
+    def passed_checks(self, pipeline: str) -> dict[str, set[tuple[int, int]]]:
+        """Per region, the (epoch, generation) whose latest result of every check passed."""
+        latest: dict[tuple[str, int, int, str], bool] = {}
+        for r in self.checks(pipeline):
+            latest[(r["region"], r["epoch"], r["generation"], r["check"])] = r["success"]
+        ok: dict[tuple[str, int, int], bool] = {}
+        for (region, epoch, generation, _), success in latest.items():
+            ok[(region, epoch, generation)] = ok.get((region, epoch, generation), True) and success
+        out: dict[str, set[tuple[int, int]]] = {}
+        for (region, epoch, generation), success in ok.items():
+            if success:
+                out.setdefault(region, set()).add((epoch, generation))
+        return out
 
     def rollbacks(self, pipeline: str) -> list[dict]:
         """Rollback rows, oldest first, with request and plan decoded."""

@@ -240,21 +240,9 @@ def generate_detailed(
     return out
 
 
-def generate(
-    seed: int,
-    events: int,
-    queries: int,
-    users: int,
-    items: int,
-    categories: int,
-    origin_ms: int,
-    epoch_ms: int,
-    epochs: int,
-    malformed_fraction: float,
-    late_fraction: float = 0.01,
-    communities: int = DEFAULT_COMMUNITIES,
-) -> tuple[list[Record], list[Record]]:
-    """``(event_records, query_records)``, each ``(key, value, timestamp_ms)`` in production order.
+def generate(*args: Any, **kwargs: Any) -> tuple[list[Record], list[Record]]:
+    """``(event_records, query_records)`` of :func:`generate_detailed` (same arguments),
+    each ``(key, value, timestamp_ms)`` in production order.
 
     Kinds are drawn view 60% / click 30% / purchase 10%; a purchase's amount is the
     item's fixed price, other kinds have 0.0. A ``malformed_fraction`` of events is
@@ -264,9 +252,7 @@ def generate(
     items of their own cluster (user ≡ item mod ``communities``), so there are several
     communities; items are skewed towards low ids within a cluster.
     """
-    g = generate_detailed(seed, events, queries, users, items, categories, origin_ms,
-                          epoch_ms, epochs, malformed_fraction, late_fraction,
-                          communities=communities)  # fmt: skip
+    g = generate_detailed(*args, **kwargs)
     return g.events, g.queries
 
 

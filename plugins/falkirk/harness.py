@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,6 +23,8 @@ from falkirk.config import Config, load
 from falkirk.epochlog import EpochLog
 from falkirk.errors import FalkirkError
 from falkirk.topology import Pipeline, load_pipeline
+
+CHECKS = "checks"  # the validator's entry in LocalRun.procs (settings.checks.hold)
 
 
 class HarnessError(FalkirkError):
@@ -89,7 +92,9 @@ class LocalRun:
 
         if until_epoch is not None:
             self.until_epoch = until_epoch
-        args = ["--idle-timeout", "300"]
+        held = bool((self.pipeline.settings.get("checks") or {}).get("hold"))
+        # Readers of a held pipeline also wait for the validator: give them longer.
+        args = ["--idle-timeout", "1200" if held else "300"]
         if self.until_epoch is not None:
             args += ["--until-epoch", str(self.until_epoch)]
         for job in jobs or list(self.jobs):
@@ -97,6 +102,27 @@ class LocalRun:
             if proc is not None and proc.poll() is None:
                 continue
             self.procs[job] = start_job(self.pipeline, job, args, self.cfg, self.env)
+        if held and jobs is None:
+            self._start_checks()
+
+    def _start_checks(self) -> None:
+        """Epochs are held until checked: run the validator beside the jobs (it ends once
+        every checked region passed ``until_epoch``)."""
+        if self.until_epoch is None:
+            raise HarnessError("settings.checks.hold needs an until_epoch: the validator "
+                               "must know when to stop")
+        proc = self.procs.get(CHECKS)
+        if proc is not None and proc.poll() is None:
+            return
+        path = self.log_file(CHECKS)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as out:
+            self.procs[CHECKS] = subprocess.Popen(
+                [sys.executable, "-m", "falkirk.cli", "validate", "--pipeline",
+                 self.pipeline.source or self.pipeline.name, "--follow", "--until-epoch",
+                 str(self.until_epoch), "--no-docs"],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                start_new_session=True)
 
     def wait(self, timeout_s: float = 900, progress: Callable[[str], None] | None = None
              ) -> dict[str, int]:

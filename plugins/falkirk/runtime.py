@@ -330,6 +330,7 @@ class JobRunner:
             e = self.next_epoch
             ready = self._ready(e)
             if ready is None:  # the input ended: nothing more will come
+                self._record_end(e - 1)
                 break
             if ready is False:
                 if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
@@ -342,12 +343,22 @@ class JobRunner:
             idle_since = time.monotonic()
             if on_epoch is not None:
                 on_epoch(e)
+        else:  # stopped at until_epoch: say so if the input also ends there
+            if self._ready(self.next_epoch) is None:
+                self._record_end(self.next_epoch - 1)
         return self.next_epoch - 1
+
+    def _record_end(self, through: int) -> None:
+        """The input ended after epoch ``through``: receivers that read only our Delta
+        outputs (and would wait for the next epoch forever) end too."""
+        if self.persist:
+            self.log.record_end(self.pipeline.name, self.regions, through, self.generation)
 
     def _ready(self, e: int) -> dict | None | bool:
         """Input locations of epoch e when complete; False while not; None when ended."""
         where: dict[str, Any] = {}
         logs = None
+        passed: dict[str, set[tuple[int, int]]] | bool | None = None
         for r in self.regions:
             for edge in self.pipeline.in_edges(r):
                 if self.internal(edge):
@@ -369,10 +380,20 @@ class JobRunner:
                         continue
                     logs = logs if logs is not None else self.log.regions(self.pipeline)
                     sender = self.pipeline.regions[edge.src]
-                    row = logs[edge.src].entries.get(
-                        DOMAINS[sender.domain].parse(time_of(sender.domain, needed)))
-                    if row is None or row.status not in ("committed", "checkpointed"):
-                        return False
+                    if passed is None:
+                        passed = self._passed()
+                    row = logs[edge.src].readable(
+                        DOMAINS[sender.domain].parse(time_of(sender.domain, needed)), needed,
+                        side_input=edge.delay > 0,
+                        checked=None if passed is False else passed.get(edge.src, set()))
+                    if row is False:
+                        ended = self.log.ends(self.pipeline.name).get(edge.src)
+                        if ended is not None and ended < needed:
+                            return None  # the sender's input ended before this epoch
+                        return False  # not committed (or not checked) yet, or quarantined
+                    if row is None:  # a side input with no good epoch yet: read as empty
+                        where[edge.name] = None
+                        continue
                     version = (row.outputs or {}).get(edge.name, {}).get("version")
                     if version is None:
                         raise RuntimeFailure(
@@ -380,6 +401,13 @@ class JobRunner:
                             f"edge {edge.name!r}")
                     where[edge.name] = version
         return where
+
+    def _passed(self) -> dict[str, set[tuple[int, int]]] | bool:
+        """With ``settings.checks.hold``: per region, the (epoch, generation) whose data
+        checks all passed (receivers read only those); False when epochs are not held."""
+        if not (self.pipeline.settings.get("checks") or {}).get("hold"):
+            return False
+        return self.log.passed_checks(self.pipeline.name)
 
     def process_epoch(self, e: int, where: dict) -> None:
         from falkirk.delta import read_version

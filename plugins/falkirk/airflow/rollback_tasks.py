@@ -106,14 +106,15 @@ def roll_back(params: dict[str, Any], ti: Any) -> dict:
 
 
 def rerun_and_replay(params: dict[str, Any], ti: Any) -> dict:
-    """Restart the stopped stream jobs (they replay from their frontiers) and rerun the
-    batch epochs the rollback invalidated, one spark-submit --epoch N each."""
+    """Restart the stream jobs hosting affected regions (stopped ones, and ones that had
+    finished: they replay from their frontiers) and rerun the batch epochs the rollback
+    invalidated, one spark-submit --epoch N each."""
     pipeline = load_pipeline(params["pipeline"])
     done = RollbackPlan.from_json(ti.xcom_pull(task_ids="roll_back"))
     stopped = ti.xcom_pull(task_ids="pause_streams") or []
     stream = streams.stream_jobs(pipeline)
-    restart = sorted(j for j in stopped if j in stream)
-    started = streams.start_streams(pipeline, only=restart)
+    restart = {j for j in stopped if j in stream} | set(streams.hosting(pipeline, done.affected))
+    started = streams.start_streams(pipeline, only=sorted(restart))
     log.info("restarted %s", started or "nothing")
     reran: dict[str, list[int]] = {}
     for inv in done.invalidate:

@@ -44,6 +44,13 @@ def pause_marker(pipeline: Pipeline, cfg: Config | None = None) -> Path:
     return Path((cfg or load()).var_dir) / "run" / f"{pipeline.name}.paused"
 
 
+def hosting(pipeline: Pipeline, regions: set[str] | list[str]) -> list[str]:
+    """The stream jobs hosting any of ``regions``: after a rollback moved those regions back
+    they must run again, even a job that had finished because its input ended."""
+    return sorted(job for job, hosted in stream_jobs(pipeline).items()
+                  if set(hosted) & set(regions))
+
+
 def start_streams(pipeline: Pipeline, cfg: Config | None = None,
                   only: list[str] | None = None) -> dict[str, int]:
     """Start the stream jobs (or ``only`` these) that are not running; job -> pid."""

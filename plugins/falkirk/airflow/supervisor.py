@@ -24,9 +24,8 @@ def start(pipeline: str) -> dict[str, int]:
     return started
 
 
-class StreamsSensor(BaseSensorOperator):
-    """Done when a stream job died (its XCom: job -> regions), or when every stream job
-    finished because its input ended (XCom: {}). Pauses by a rollback run are not deaths."""
+class PipelineSensor(BaseSensorOperator):
+    """A sensor on one pipeline, in reschedule mode (no worker slot held between pokes)."""
 
     template_fields = ("pipeline",)
 
@@ -35,6 +34,11 @@ class StreamsSensor(BaseSensorOperator):
         kwargs.setdefault("poke_interval", 30)
         super().__init__(**kwargs)
         self.pipeline = pipeline
+
+
+class StreamsSensor(PipelineSensor):
+    """Done when a stream job died (its XCom: job -> regions), or when every stream job
+    finished because its input ended (XCom: {}). Pauses by a rollback run are not deaths."""
 
     def poke(self, context: Any) -> PokeReturnValue | bool:
         pipeline = load_pipeline(self.pipeline)
@@ -69,6 +73,7 @@ def recover(pipeline: str, ti: Any) -> dict[str, Any]:
     log.info("rollback plan:\n%s", markdown)
     ti.xcom_push(key="plan_markdown", value=markdown)
     ti.xcom_push(key="plan", value=done.to_json())
-    restarted = streams.start_streams(pipe, only=sorted(set(dead) | set(stopped)))
+    restart = set(dead) | set(stopped) | set(streams.hosting(pipe, done.affected))
+    restarted = streams.start_streams(pipe, only=sorted(restart))
     log.info("restarted %s", restarted)
     return {"rollback_id": done.rollback_id, "restarted": restarted}

@@ -1,0 +1,129 @@
+"""``falkirk trials``: picking trials (fast), crash points that count, and a small real run
+(slow: a failure-free run and two trials, each a whole pipeline on its own broker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from argparse import Namespace
+
+import pytest
+
+from falkirk import faults, trials
+from falkirk.topology import load_pipeline
+
+SEED = 13  # two trials of different phases: mid-checkpoint (stats), before-commit (ingest)
+EPOCHS = 4
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_pipeline("reference")
+
+
+def test_picking_is_seeded_and_picks_only_eligible_regions_and_epochs(reference):
+    picked = trials.pick(reference, 40, seed=5, epochs=EPOCHS)
+    assert picked == trials.pick(reference, 40, seed=5, epochs=EPOCHS)
+    assert picked != trials.pick(reference, 40, seed=6, epochs=EPOCHS)
+    assert [t.index for t in picked] == list(range(1, 41))
+    assert {t.phase for t in picked} == set(trials.PHASES)
+    for t in picked:
+        assert t.epoch in trials.eligible(reference, t.phase, EPOCHS)[t.region]
+        assert t.job == reference.regions[t.region].job
+        if t.phase == "mid-checkpoint":
+            # Only regions with state, only in epochs whose checkpoint is due (lazy K=3).
+            assert t.region in ("communities", "stats")
+            assert t.region == "stats" or t.epoch == 2
+        if t.phase == "before-commit":
+            assert t.table in {e.table for e in reference.out_edges(t.region)
+                               if e.kind == "delta"}
+        if t.phase in ("mid-epoch", "mid-rollback"):
+            assert t.crash_at is None  # killed from outside, not by a crash point
+
+
+def test_eligibility_per_phase(reference):
+    assert trials.eligible(reference, "mid-checkpoint", EPOCHS) == {
+        "communities": [2], "stats": [0, 1, 2, 3]}
+    assert trials.eligible(reference, "mid-checkpoint", 2) == {"stats": [0, 1]}
+    every = {r: list(range(EPOCHS)) for r in reference.regions}
+    for phase in ("mid-epoch", "before-commit", "mid-rollback"):
+        assert trials.eligible(reference, phase, EPOCHS) == every
+    with pytest.raises(ValueError, match="unknown phase"):
+        trials.eligible(reference, "mid-lunch", EPOCHS)
+
+
+def test_crash_points_name_the_chosen_epoch_and_table(reference):
+    # ingest commits purchases, interactions, dead_letters each epoch, in that order.
+    assert trials.delta_writes(reference, "jobs/ingest.py") == [
+        ("ingest", "purchases"), ("ingest", "interactions"), ("ingest", "dead_letters")]
+    t = trials.plan_trial(reference, 1, "ingest", "before-commit", 2)
+    nth = {"purchases": 7, "interactions": 8, "dead_letters": 9}[t.table]
+    assert t.crash_at == f"writer:before-commit@{nth}"
+    # serve's job: serve's table then stats' table, every epoch.
+    t = trials.plan_trial(reference, 1, "stats", "before-commit", 1)
+    assert (t.crash_at, t.table) == ("writer:before-commit@4", "query_stats")
+    t = trials.plan_trial(reference, 1, "serve", "before-commit", 0)
+    assert t.crash_at == "writer:before-commit"
+    # Checkpoints: stats (eager) saves every epoch; communities (lazy, K=3) at epoch 2, 5…
+    assert trials.plan_trial(reference, 1, "stats", "mid-checkpoint", 3).crash_at == \
+        "checkpoint:before-save@4"
+    assert trials.plan_trial(reference, 1, "communities", "mid-checkpoint", 2).crash_at == \
+        "checkpoint:before-save"
+
+
+def test_the_ci_seed_gives_two_different_self_inflicted_phases(reference):
+    picked = trials.pick(reference, 2, SEED, EPOCHS)
+    assert [(t.phase, t.region) for t in picked] == [("mid-checkpoint", "stats"),
+                                                      ("before-commit", "ingest")]
+
+
+def test_a_crash_point_with_a_count_fires_the_nth_time_it_is_reached():
+    code = ("import sys\nfrom falkirk.faults import maybe_crash\n"
+            "for i in range(1, 6):\n"
+            "    maybe_crash('checkpoint:before-save'); maybe_crash('writer:before-commit')\n"
+            "    print(i, flush=True)\n")
+
+    def run(value):
+        env = {k: v for k, v in os.environ.items() if k != faults.ENV}
+        if value is not None:
+            env[faults.ENV] = value
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    crashed = run("writer:before-commit@3")
+    assert crashed.returncode == -9 and crashed.stdout.split() == ["1", "2"]
+    first = run("checkpoint:before-save")  # no count: the first time, as before
+    assert first.returncode == -9 and first.stdout == ""
+    assert run(None).returncode == 0
+    assert run("rollback:after-first-table").stdout.split() == ["1", "2", "3", "4", "5"]
+    assert faults.parse("writer:before-commit@12") == ("writer:before-commit", 12)
+    with pytest.raises(ValueError):
+        faults.parse("writer:before-commit@0")
+    with pytest.raises(ValueError):
+        faults.crash_at("nowhere")
+
+
+@pytest.mark.slow
+def test_trials_lose_and_duplicate_nothing(tmp_path):
+    out = tmp_path / "trials.json"
+    code = trials.main(Namespace(trials=2, seed=SEED, events=600, epochs=EPOCHS,
+                                 json=str(out), workdir=str(tmp_path / "work")))
+    report = json.loads(out.read_text())
+    assert code == 0, json.dumps(report, indent=1)
+    assert report["seed"] == SEED and report["input"]["epochs"] == EPOCHS
+    assert {t["phase"] for t in report["trials"]} == {"mid-checkpoint", "before-commit"}
+    for t in report["trials"]:
+        assert t["ok"] and not t.get("error"), t
+        assert t["lost"] == 0 and t["duplicated"] == 0 and t["tables_differ"] == [], t
+        # The job really died by SIGKILL: its driver killed itself at the crash point, in
+        # the epoch picked, and spark-submit's JVM passed the signal on (137 = 128 + 9).
+        assert t["died_by"] == "SIGKILL" and t["exit_codes"][t["job"]] in (-9, 137), t
+        assert t["killed_in_epoch"] == t["epoch"], t
+        assert t["region"] in t["failed"] and t["job"] in t["restarted"], t
+        assert 0 < t["recover_s"] <= t["redone_s"] <= t["finish_s"], t
+        assert t["sandbox"] is None  # removed: nothing to look at
+    totals = report["totals"]
+    assert totals["ok"] == totals["trials"] == 2
+    assert totals["lost"] == totals["duplicated"] == 0 and totals["tables_differ"] == []
