@@ -415,10 +415,21 @@ class JobRunner:
 
         started = time.monotonic()
         active = {r for r in self.regions if self.done[r] < e}
+        # A region that restarted from a checkpoint older than epochs it already committed
+        # (and no rollback invalidated) redoes them for its state only: their outputs are
+        # live, and committing them again (in a new generation) would duplicate them.
+        redo: dict[str, EpochRecord] = {}
         if self.persist:
+            logs = self.log.regions(self.pipeline)
+            for r in active:
+                row = logs[r].entries.get(DOMAINS[self.pipeline.regions[r].domain].parse(
+                    self._time(r, e)))
+                if row is not None and row.status in ("committed", "checkpointed"):
+                    redo[r] = row
             self.log.record(*(EpochRecord(self.pipeline.name, r, self._time(r, e),
                                           self.generation, "running",
-                                          note=f"pid {os.getpid()}") for r in active))
+                                          note=f"pid {os.getpid()}")
+                              for r in active if r not in redo))
         inputs: dict[str, Any] = {}
         ranges: dict[str, dict] = {}
         for r in self.regions:
@@ -447,6 +458,9 @@ class JobRunner:
 
         outputs: dict[str, dict[str, Any]] = {r: {} for r in self.regions}
         for r in sorted(active):
+            if r in redo:  # its outputs of this epoch are live already
+                outputs[r] = dict(redo[r].outputs or {})
+                continue
             committed: dict[str, int] = {}  # table -> version (edges may share a table)
             for edge in self.pipeline.out_edges(r):
                 if edge.kind == "unlogged":
@@ -472,9 +486,12 @@ class JobRunner:
             if spec.keeps_state:
                 self.state[r] = result.state.get(r, self.state.get(r))
                 due = spec.regime == "eager" or (e + 1) % (spec.checkpoint_every or 1) == 0
-                if due and self.persist:
+                if due and self.persist and not (r in redo and redo[r].status == "checkpointed"):
                     state_ref = self._checkpoint(r, e)
                     status = "checkpointed"
+            if r in redo and state_ref is None:  # nothing new to say about this epoch
+                self.done[r] = e
+                continue
             mine = {k: v for k, v in ranges.items()
                     if self.pipeline.edges[k].dst == r}
             rows.append(EpochRecord(self.pipeline.name, r, self._time(r, e), self.generation,
