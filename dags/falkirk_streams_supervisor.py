@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
@@ -46,6 +46,7 @@ with DAG(
     description="Start, watch and recover the streaming jobs",
     doc_md=DOC,
     schedule="@continuous",
+    start_date=datetime(2024, 1, 1, tzinfo=UTC),  # without one, @continuous reuses a date
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,

@@ -159,6 +159,10 @@ def test_batch_epochs_follow_the_data_interval(airflow_env, dagbag):
     assert epoch_of("reference", start + timedelta(seconds=30)) == 3
     with pytest.raises(AirflowFailException, match="not an epoch"):
         epoch_of("reference", start + timedelta(seconds=31))
+    # what Airflow passes: a pendulum DateTime (its differences are pendulum Intervals)
+    import pendulum
+
+    assert epoch_of("reference", pendulum.instance(start).add(seconds=50)) == 5
     dag = dagbag.dags["falkirk_batch_popularity"]
     assert dag.catchup and dag.start_date == start
     task = dag.get_task("popularity")

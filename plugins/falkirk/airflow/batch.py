@@ -37,8 +37,11 @@ def epoch_length(pipeline: Pipeline) -> timedelta:
 def epoch_of(pipeline_name: str, data_interval_start: datetime) -> int:
     """The epoch whose window starts at ``data_interval_start``."""
     pipeline = load_pipeline(pipeline_name)
-    offset = data_interval_start - origin(pipeline)
-    epoch, rest = divmod(offset, epoch_length(pipeline))
+    # In whole microseconds: Airflow passes a pendulum DateTime, whose difference is a
+    # pendulum Interval that divmod with a stdlib timedelta refuses.
+    offset_us = round((data_interval_start.timestamp() - origin(pipeline).timestamp()) * 1e6)
+    length_us = round(epoch_length(pipeline).total_seconds() * 1e6)
+    epoch, rest = divmod(offset_us, length_us)
     if rest or epoch < 0:
         raise AirflowFailException(
             f"data interval starting {data_interval_start.isoformat()} is not an epoch of "
