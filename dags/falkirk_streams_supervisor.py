@@ -19,11 +19,12 @@ DOC = """
 Runs continuously (one run after another) while unpaused:
 
 1. **start_streams** starts every streaming job (ingest, communities, serve + stats)
-   that is not running, each as its own `spark-submit` process group
-   (logs under `var/log/`).
+   that is not running and has not finished (a job whose input ended stays finished),
+   each as its own `spark-submit` process group (logs under `var/log/`).
 2. **watch** checks every 30 s (reschedule mode: no worker slot held in between) whether
-   a job died. It ends when one did, or when every job finished because its input ended.
-   A job stopped by a rollback run (the rollback DAG pauses the streams) is not a death.
+   a job died, and ends when one did. A job stopped by a rollback run (the rollback DAG
+   pauses the streams) is not a death. When every job finished because its input ended,
+   watch goes on waiting: pause the DAG to stop supervising.
 3. **recover** rolls back the dead job's regions (as failed) with falkirk's
    RollbackExecutor, then restarts the jobs it stopped. Its plan appears in the run's
    **Rollback plan** tab.

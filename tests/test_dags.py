@@ -194,6 +194,41 @@ def test_a_stream_that_finished_is_not_dead(tmp_path, monkeypatch):
     assert streams.dead_jobs(pipeline) == {}
 
 
+def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
+    """start_streams starts only jobs that neither run nor finished (unless a rollback names
+    them); watch keeps waiting when every job finished, and ends on a death."""
+    from falkirk import procs
+    from falkirk.airflow import streams, supervisor
+    from falkirk.topology import load_pipeline
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    pipeline = load_pipeline("reference")
+    launched: list[str] = []
+
+    class Launched:  # what procs.start_job returns that start_streams reads
+        pid = 1
+
+    def launch(pipe, job, args, cfg=None):
+        launched.append(job)
+        return Launched()
+
+    monkeypatch.setattr(procs, "start_job", launch)
+    for job in streams.stream_jobs(pipeline):
+        log = streams.log_file(pipeline, job)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"2026-01-01 10:00:00,001 INFO falkirk.runtime: {job}: done through "
+                       "epoch 4\n")
+    assert streams.start_streams(pipeline) == {} and launched == []
+    assert streams.start_streams(pipeline, only=["jobs/communities.py"]) == {
+        "jobs/communities.py": 1}
+    sensor = supervisor.StreamsSensor(task_id="watch", pipeline="reference")
+    assert sensor.poke({}) is False  # every job finished: go on waiting
+    streams.log_file(pipeline, "jobs/serve.py").write_text("spark noise\n")
+    assert streams.start_streams(pipeline) == {"jobs/serve.py": 1}
+    done = sensor.poke({})
+    assert done.is_done and done.xcom_value == {"jobs/serve.py": ["serve", "stats"]}
+
+
 def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):
     """No job runs in the sandbox, so nothing is stopped and no batch epoch reruns
     (communities alone goes back): plan, roll back, resume and validate for real. The job

@@ -101,14 +101,20 @@ def test_kill_a_region_mid_epoch_then_roll_back(golden, tmp_path, region, epoch)
     assert_same(golden, outputs)
     # The failed region (and stats, in serve's job) goes back to its newest restorable
     # frontier before the kill; nothing else needs to move, except when the lazy region
-    # had no checkpoint yet: then serve, which read its epoch-0 output, goes back too.
+    # had no checkpoint yet and serve had already committed an epoch that read its epoch-0
+    # output (serve's epoch e reads communities as of e-1): then serve goes back to 0 too.
+    # Whether serve got that far before the kill depends on the machine's load; the plan
+    # records how far it had got (``current``).
     latest = {r: (times[-1] if times else -1) for r, times in plan.restorable_before.items()}
     assert plan.frontiers[region] == latest[region]
+    moved = {r for r, f in plan.frontiers.items() if f != "top"}
     if (region, epoch) == ("communities", 1):
         assert plan.frontiers["communities"] == -1
-        assert plan.frontiers["serve"] == 0 and plan.frontiers["stats"] == 0
+        if (plan.current["serve"] if plan.current["serve"] is not None else -1) >= 1:
+            assert plan.frontiers["serve"] == 0 and plan.frontiers["stats"] == 0
+        else:
+            assert moved <= {"communities", "stats"}, plan.frontiers
     else:
-        moved = {r for r, f in plan.frontiers.items() if f != "top"}
         assert moved <= {region, "stats"} | ({"serve"} if region == "serve" else set())
 
 

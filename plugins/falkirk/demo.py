@@ -57,10 +57,6 @@ class DemoError(FalkirkError):
     """The demo could not go on; the message says where to look."""
 
 
-class _TimedOut(DemoError):
-    """A wait ran out of time."""
-
-
 # ---- the report ------------------------------------------------------------------------
 
 
@@ -598,9 +594,6 @@ class AirflowDemo:
                     "FALKIRK_BATCH_EPOCHS": str(self.epochs)})
         if self.broker is not None:
             env["FALKIRK_KAFKA_BOOTSTRAP"] = self.broker.bootstrap
-        # Tasks talk to the api-server's execution API; its default 5 s timeout makes task
-        # attempts fail on a loaded 2-core machine (bin/airflow leaves this one to us).
-        env.setdefault("AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT", "30")
         return env
 
     def start_sandbox(self) -> None:
@@ -756,7 +749,7 @@ class AirflowDemo:
                 if result:
                     return result
                 if time.monotonic() > deadline:
-                    raise _TimedOut(f"timed out ({timeout_s or self.timeout_s:.0f} s) "
+                    raise DemoError(f"timed out ({timeout_s or self.timeout_s:.0f} s) "
                                     f"{what}; {self.describe(p)}")
                 time.sleep(interval)
 
@@ -892,33 +885,18 @@ class AirflowDemo:
                  f"their input", event=True)
 
     def end_supervision(self) -> None:
-        """Let the supervisor run end by itself, then pause the DAG.
+        """Pause the supervisor once every epoch is done, then close what is left open.
 
-        Once every stream job ended at the end of its input, the open supervisor run ends
-        when its sensors see it (watch: every job finished; data_checks: and nothing left
-        to check). The demo waits for that (a while: with live checks each poke is a new
-        Spark), then pauses the DAG: @continuous would otherwise start another run whose
-        start_streams starts the finished jobs again. A job still alive (a stream job that
-        cannot tell its input ended) is stopped, and a run still open is marked success
-        with a note saying why."""
+        The supervisor DAG is @continuous and its watch goes on waiting once every stream
+        job finished at the end of its input (a rollback could start them again), so its
+        run never ends by itself. The demo pauses the DAG (what its doc says stops
+        supervising), lets an in-flight task finish, stops a stream job still alive, and
+        marks the run left open success, with a note."""
         from falkirk import procs
 
         api = self.api
-        info = self.job_info()
-        idle = info is not None and procs.alive(info["pid"])
-        if not idle:
-            grace = 1200 if self.live_checks else 240
-            try:
-                self.wait("waiting for the supervisor run to see every stream job finished…",
-                          lambda p: not [r for r in p["supervisor"]
-                                         if r["state"] in ("queued", "running")],
-                          timeout_s=grace)
-                self.log("the supervisor run ended by itself", event=True)
-            except _TimedOut:
-                self.log(f"the supervisor run did not end within {grace} s")
         api.pause(SUPERVISOR, True)
-        self.log(f"paused {SUPERVISOR} (every epoch is done; a new continuous run would "
-                 f"only start the finished jobs again)", event=True)
+        self.log(f"paused {SUPERVISOR}: every epoch is done", event=True)
 
         def settled(p):
             open_runs = [r for r in p["supervisor"] if r["state"] in ("queued", "running")]
@@ -929,19 +907,17 @@ class AirflowDemo:
 
         open_runs = self.wait("waiting for an in-flight supervisor task to finish…", settled,
                               interval=3, airflow_every=3, timeout_s=900)
-        if idle:
+        for info in procs.running(self.run.pipeline, self.run.cfg):
             procs.stop_group(info["pgid"], timeout_s=20)
-            self.log("stopped the communities job: every epoch done, it waits for one no "
-                     "input will make", event=True)
+            self.log(f"stopped {info['job']}: still running after every epoch was done",
+                     event=True)
         for r in open_runs:
             if r is None:
                 continue
             tasks = self.api.tasks(SUPERVISOR, r["dag_run_id"])
             waiting = sorted(t for t, ti in tasks.items() if ti["state"] not in TERMINAL)
-            why = ("communities reads only a Delta table and could not tell its input ended, "
-                   "so the stream jobs never all finished" if idle else
-                   "the run had not ended by itself")
-            note = (f"Ended by the falkirk demo after every epoch was done ({why}); "
+            note = ("Ended by the falkirk demo after every epoch was done: every stream job "
+                    "finished at the end of its input, and it paused the DAG; "
                     f"{', '.join(waiting) or 'no task'} still waiting.")
             q = urllib.parse.quote(r["dag_run_id"], safe="")
             api.call("PATCH", f"/api/v2/dags/{SUPERVISOR}/dagRuns/{q}",
@@ -998,6 +974,15 @@ class AirflowDemo:
                              "tasks": ", ".join(f"{t} {ti['state']}" + (
                                  f" (try {ti['try_number']})" if ti.get("try_number", 1) > 1
                                  else "") for t, ti in tasks.items())})
+        restarts = []
+        for i, r in enumerate(self.api.runs(SUPERVISOR)):
+            started = self.api.xcom(SUPERVISOR, r["dag_run_id"], "start_streams") if i else None
+            if started:
+                restarts.append(f"run {i + 1}: {', '.join(sorted(started))}")
+        if restarts:
+            self.notes.append(
+                "Later supervisor runs started stream jobs (after a death, or a rollback): "
+                + "; ".join(restarts) + ".")
         log = self.home / "logs" / "scheduler.log"
         if log.exists():
             text = log.read_text(errors="replace")

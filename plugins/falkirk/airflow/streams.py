@@ -53,13 +53,17 @@ def hosting(pipeline: Pipeline, regions: set[str] | list[str]) -> list[str]:
 
 def start_streams(pipeline: Pipeline, cfg: Config | None = None,
                   only: list[str] | None = None) -> dict[str, int]:
-    """Start the stream jobs (or ``only`` these) that are not running; job -> pid."""
+    """Start the stream jobs that are not running and did not finish; job -> pid.
+
+    A job that finished because its input ended stays finished: starting it again would
+    only make a Spark job that finds nothing to do (a @continuous supervisor would do so
+    every run). ``only`` names jobs to start even so: those a rollback moved back."""
     alive = {info["job"] for info in procs.running(pipeline, cfg)}
-    started = {}
-    for job in only if only is not None else stream_jobs(pipeline):
-        if job not in alive:
-            started[job] = procs.start_job(pipeline, job, STREAM_ARGS, cfg).pid
-    return started
+    if only is None:
+        only = [job for job in stream_jobs(pipeline)
+                if not finished_cleanly(pipeline, job, cfg)]
+    return {job: procs.start_job(pipeline, job, STREAM_ARGS, cfg).pid
+            for job in only if job not in alive}
 
 
 def dead_jobs(pipeline: Pipeline, cfg: Config | None = None) -> dict[str, list[str]]:

@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 
 
 def start(pipeline: str) -> dict[str, int]:
-    """Start the stream jobs that are not running (none, when they all run)."""
+    """Start the stream jobs that are neither running nor finished (their input ended)."""
     started = streams.start_streams(load_pipeline(pipeline))
-    log.info("started %s", started or "nothing: every stream job runs")
+    log.info("started %s", started or "nothing: every stream job runs or has finished")
     return started
 
 
@@ -37,8 +37,10 @@ class PipelineSensor(BaseSensorOperator):
 
 
 class StreamsSensor(PipelineSensor):
-    """Done when a stream job died (its XCom: job -> regions), or when every stream job
-    finished because its input ended (XCom: {}). Pauses by a rollback run are not deaths."""
+    """Done when a stream job died (its XCom: job -> regions). Pauses by a rollback run are
+    not deaths. When every stream job finished because its input ended it keeps watching:
+    ending would only make the @continuous DAG start a run after run with nothing to start,
+    and a rollback run may start the jobs again."""
 
     def poke(self, context: Any) -> PokeReturnValue | bool:
         pipeline = load_pipeline(self.pipeline)
@@ -47,8 +49,8 @@ class StreamsSensor(PipelineSensor):
             self.log.info("dead: %s", dead)
             return PokeReturnValue(is_done=True, xcom_value=dead)
         if not procs.running(pipeline) and not streams.pause_marker(pipeline).exists():
-            self.log.info("every stream job finished: its input ended")
-            return PokeReturnValue(is_done=True, xcom_value={})
+            self.log.info("every stream job finished: its input ended (pause the DAG to "
+                          "stop supervising)")
         return False
 
 
