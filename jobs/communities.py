@@ -6,9 +6,10 @@ is the smallest node id in its component (an item's odd id when that is smallest
 
 Label propagation iterates inside each epoch to a fixed point (the region's times are
 ``(epoch, iteration)``): every node takes the minimum label over itself and its
-neighbours. Edges only ever grow, so starting from the previous epoch's labels is sound
-(a label is the minimum of a component that is still inside the new one) and converges
-in a few rounds when little changed. The result depends only on the graph, never on
+neighbours, then the label of the node its label names (pointer jumping). Edges only
+ever grow, so starting from the previous epoch's labels is sound (a label is the minimum
+of a component that is still inside the new one) and converges in a few rounds when
+little changed. The result depends only on the graph, never on
 partitioning or on the order rows arrive in.
 """
 
@@ -96,11 +97,17 @@ def transform(
             .groupBy(F.col("dst").alias("node_id"))
             .agg(F.min("msg").alias("msg"))
         )
-        new = labels.select("node_id", "label").join(best, "node_id", "left").select(
-            "node_id",
+        current = labels.select("node_id", "label")
+        proposed = current.join(best, "node_id", "left").select(
+            "node_id", F.col("label").alias("old"),
             F.least(F.col("label"), F.coalesce(F.col("msg"), F.col("label"))).alias("label"),
-            F.coalesce(F.col("msg") < F.col("label"), F.lit(False)).alias("changed"),
         )
+        # Pointer jumping: a node's label names a node of its component; that node's label
+        # is as good and often smaller, so long chains converge in ~log rounds, not ~length.
+        hop = current.select(F.col("node_id").alias("label"), F.col("label").alias("jump"))
+        jumped = F.least(F.col("label"), F.coalesce(F.col("jump"), F.col("label")))
+        new = proposed.join(hop, "label", "left").select(
+            "node_id", jumped.alias("label"), (jumped < F.col("old")).alias("changed"))
         checkpointed = rounds % checkpoint_every == 0
         new = new.localCheckpoint() if checkpointed else new.persist()  # the former is eager
         changed = new.filter("changed").count()

@@ -270,6 +270,20 @@ def test_label_propagation_two_components_then_a_merge(spark):
     assert rows(labels3) == rows(labels2) and rounds3 == 1
 
 
+def test_label_propagation_jumps_along_a_chain(spark):
+    """A chain user 0 - item 0 - user 1 - item 1 - ... (nodes 0, 1, 2, ... 40): plain
+    propagation moves label 0 one node per round (41 rounds); pointer jumping takes a
+    node's label's label too, so the whole chain gets label 0 in far fewer rounds."""
+    chain = [(u, u) for u in range(20)] + [(u + 1, u) for u in range(20)]
+    progress: list[tuple[int, int]] = []
+    labels, rounds = communities.transform(
+        spark.createDataFrame(chain, EDGES), spark.createDataFrame([], LABELS),
+        on_iteration=lambda i, n: progress.append((i, n)))
+    assert rows(labels) == [(n, 0) for n in range(41)]
+    assert rounds == len(progress) and progress[-1] == (rounds, 0)
+    assert rounds <= 12, progress
+
+
 def test_label_propagation_on_nothing(spark):
     labels, rounds = communities.transform(
         spark.createDataFrame([], EDGES), spark.createDataFrame([], LABELS)
