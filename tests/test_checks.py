@@ -30,7 +30,8 @@ def test_every_output_table_of_the_reference_pipeline_has_a_suite_gx_accepts():
     tables = sorted({e.table for e in pipeline.edges.values() if e.kind == "delta"})
     assert sorted(p.stem for p in SUITES_DIR.glob("*.json")) == tables
     suites = Suites(tables)  # builds every suite in an ephemeral GX context
-    assert sorted(suites.checkpoints) == tables
+    assert sorted(suites.checkpoints) == sorted(
+        (engine, t) for engine in ("pandas", "spark") for t in tables)
 
 
 def test_a_missing_or_malformed_suite_is_refused_naming_the_file(tmp_path):
@@ -52,6 +53,17 @@ def test_an_unknown_on_failure_setting_is_refused():
     v.pipeline = pipe
     with pytest.raises(CheckError, match="on_failure is 'panic'; expected one of quarantine"):
         _ = v.on_failure
+
+
+@pytest.mark.parametrize("value", [-1, "many", 1.5, True])
+def test_a_bad_pandas_max_rows_setting_is_refused(value):
+    from tiny_pipeline import PIPE_DICT
+
+    pipe = Pipeline.from_dict({**PIPE_DICT, "settings": {"checks": {"pandas_max_rows": value}}})
+    v = Validator.__new__(Validator)
+    v.pipeline = pipe
+    with pytest.raises(CheckError, match=f"pandas_max_rows is {value!r}; expected a whole"):
+        _ = v.pandas_max_rows
 
 
 def test_a_quarantined_epoch_bounds_what_a_region_can_restore_to(world):
@@ -261,6 +273,31 @@ def test_checking_every_epoch_again_passes_and_takes_seconds(reference, validato
         per = sorted(s for *_, s, _ in report.epochs)
         print(f"\n[checks] {len(per)} region-epochs in {seconds:.1f} s; per region-epoch "
               f"median {per[len(per) // 2]:.2f} s, max {per[-1]:.2f} s")
+
+
+@pytest.mark.slow
+def test_the_pandas_and_the_spark_engine_judge_an_epoch_alike(reference, validator,
+                                                              monkeypatch):
+    """Epochs up to settings.checks.pandas_max_rows rows go to GX's pandas engine, larger
+    ones to its Spark engine: the same suite gives the same verdicts and counts either way
+    (here on a broken epoch, so failures are compared too)."""
+    row = _row(reference, "popularity", 3)
+    rows = _epoch_rows(reference, "item_popularity", 3)
+    rows[0] = {**rows[0], "revenue": -1.5}
+    checks = reference.pipeline.settings.setdefault("checks", {})
+    with bad_commit(reference, "item_popularity", 3, rows) as version:
+        bad = replace(row, outputs={"item_popularity": {"table": "item_popularity",
+                                                        "version": version}})
+        logs = reference.log.regions(reference.pipeline)
+        verdicts = {}
+        for engine, limit in (("pandas", len(rows)), ("spark", len(rows) - 1)):
+            monkeypatch.setitem(checks, "pandas_max_rows", limit)
+            verdicts[engine] = sorted(
+                (o.check, o.success, o.observed.get("unexpected_count"), o.sample)
+                for o in validator.check_epoch(bad, logs) if o.check.startswith("suite:"))
+    assert verdicts["pandas"] == verdicts["spark"]
+    assert [v[:2] for v in verdicts["pandas"] if not v[1]] == [
+        ("suite:expect_column_values_to_be_between(revenue)", False)]
 
 
 @pytest.mark.slow
