@@ -76,9 +76,12 @@ def staging_name(epoch: int, generation: int) -> str:
 
 
 def _spark_uri(uri: str) -> str:
-    """A location as Spark's Hadoop file systems name it (s3:// is s3a:// there)."""
+    """A location as Spark's Hadoop file systems name it (s3:// is s3a:// there; a local
+    path as a plain path: file_uris() percent-encodes it, Hadoop would take %20 literally)."""
     if uri.startswith("s3://"):
         return "s3a://" + uri[len("s3://") :]
+    if "://" not in uri:
+        return unquote(uri)
     return uri
 
 

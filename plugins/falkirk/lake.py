@@ -99,6 +99,6 @@ def read_table(table_uri: str, version: int | None = None,
 
 
 def _plain(uri: str) -> str:
-    """file:///x/y -> /x/y (file_uris() names local files as URIs)."""
+    """file:///x/y -> /x/y; /x/a%20b -> /x/a b (file_uris() percent-encodes local paths)."""
     parsed = urlparse(uri)
-    return unquote(parsed.path) if parsed.scheme == "file" else uri
+    return unquote(parsed.path) if parsed.scheme in ("file", "") else uri
