@@ -97,12 +97,12 @@ def check_name(exp_type: str, kwargs: dict) -> str:
     return f"suite:{exp_type}({','.join(map(str, cols))})"
 
 
-def _plain(value: Any) -> Any:
+def _python_values(value: Any) -> Any:
     """numpy scalars (pandas results) as Python values, so JSON keeps numbers numbers."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _python_values(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [_python_values(v) for v in value]
     item = getattr(value, "item", None)
     if callable(item) and type(value).__module__ == "numpy":
         return item()
@@ -173,7 +173,7 @@ class Suites:
                     observed["exception"] = r.exception_info.get("exception_message")
                 sample = list((r.result or {}).get("partial_unexpected_list") or [])
                 out.append((check_name(cfg.type, cfg.kwargs), bool(r.success),
-                            _plain(observed), _plain(sample)))
+                            _python_values(observed), _python_values(sample)))
         return out
 
     def build_docs(self) -> Path | None:
@@ -211,10 +211,13 @@ class Validator:
             self._suites = Suites(tables, self.docs_dir if self._docs else None, self.spark)
         return self._suites
 
+    def _setting(self, name: str, default: Any) -> Any:
+        """``settings.checks.<name>`` of the pipeline declaration."""
+        return (self.pipeline.settings.get("checks") or {}).get(name, default)
+
     @property
     def pandas_max_rows(self) -> int:
-        value = (self.pipeline.settings.get("checks") or {}).get("pandas_max_rows",
-                                                                  PANDAS_MAX_ROWS)
+        value = self._setting("pandas_max_rows", PANDAS_MAX_ROWS)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise CheckError(f"pipeline {self.pipeline.name!r}: settings.checks."
                              f"pandas_max_rows is {value!r}; expected a whole number ≥ 0")
@@ -222,7 +225,7 @@ class Validator:
 
     @property
     def on_failure(self) -> str:
-        value = (self.pipeline.settings.get("checks") or {}).get("on_failure", "quarantine")
+        value = self._setting("on_failure", "quarantine")
         if value not in ON_FAILURE:
             raise CheckError(f"pipeline {self.pipeline.name!r}: settings.checks.on_failure "
                              f"is {value!r}; expected one of {', '.join(ON_FAILURE)}")
