@@ -145,6 +145,16 @@ def test_spark_master_url_is_the_spark_master_service_on_its_port(services):
     assert all(CFG.spark_master in _command(w) for w in workers)
 
 
+def test_cluster_drivers_keep_the_jvms_default_compilers_and_collector(monkeypatch):
+    """The local profile's C1-only, serial-GC driver options are for four short-lived JVMs
+    on 2 cores; the compose profile's long-lived drivers keep the JVM defaults."""
+    from falkirk.config import load
+
+    assert "spark.driver.extraJavaOptions" not in CFG.spark_launch_conf
+    monkeypatch.setenv("FALKIRK_SPARK_DRIVER_JAVA_OPTIONS", "")
+    assert "spark.driver.extraJavaOptions" not in load("local").spark_launch_conf
+
+
 def test_airflow_spark_default_connection_is_the_profiles_spark_master(services):
     # SparkSubmitHook reads the URI spark://host:port as master spark://host:port.
     for name, service in _airflow_services(services).items():

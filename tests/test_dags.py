@@ -172,6 +172,21 @@ def test_batch_epochs_follow_the_data_interval(airflow_env, dagbag):
     assert dag.user_defined_macros["falkirk_epoch"](start + timedelta(seconds=40)) == 4
 
 
+def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(dagbag):
+    """One source for the settings a driver must get at start (shuffle partitions, UI, the
+    driver JVM's options): the DAG's spark-submit and the supervisor's job command."""
+    from falkirk.config import load
+    from falkirk.procs import job_command
+
+    cfg = load()
+    cmd = job_command("jobs/ingest.py", ["--pipeline", "reference"], cfg)
+    given = dict(cmd[i + 1].split("=", 1) for i, arg in enumerate(cmd) if arg == "--conf")
+    assert given == cfg.spark_launch_conf
+    assert dagbag.dags["falkirk_batch_popularity"].get_task("popularity").conf == given
+    # local drivers: C1 only, serial GC (2 cores shared by four JVMs)
+    assert given["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def test_a_stream_that_finished_is_not_dead(tmp_path, monkeypatch):
     from falkirk.airflow import streams
     from falkirk.topology import load_pipeline

@@ -45,10 +45,8 @@ def job_command(job: str, args: list[str], cfg: Config | None = None) -> list[st
     cfg = cfg or load()
     venv = Path(sys.executable).parent
     submit = venv / "spark-submit"
-    return [str(submit), "--master", cfg.spark_master,
-            "--conf", f"spark.sql.shuffle.partitions={cfg.spark_shuffle_partitions}",
-            "--conf", f"spark.ui.enabled={'true' if cfg.spark_ui else 'false'}",
-            str(REPO_ROOT / job), *args]
+    confs = [arg for k, v in cfg.spark_launch_conf.items() for arg in ("--conf", f"{k}={v}")]
+    return [str(submit), "--master", cfg.spark_master, *confs, str(REPO_ROOT / job), *args]
 
 
 def _env() -> dict[str, str]:

@@ -52,9 +52,7 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     builder = (
         SparkSession.builder.appName(app_name)
         .master(cfg.spark_master)
-        .config("spark.sql.shuffle.partitions", str(cfg.spark_shuffle_partitions))
         .config("spark.default.parallelism", "2")
-        .config("spark.ui.enabled", "true" if cfg.spark_ui else "false")
         .config("spark.ui.showConsoleProgress", "false")  # progress goes to the logs
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -66,7 +64,7 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     )
     if local:
         builder = builder.config("spark.driver.host", "127.0.0.1")
-    for key, value in conf.items():
+    for key, value in {**cfg.spark_launch_conf, **conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

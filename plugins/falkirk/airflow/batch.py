@@ -72,8 +72,7 @@ def submit_kwargs(pipeline_name: str, region: str) -> dict[str, Any]:
         "application_args": ["--pipeline", pipeline.name, "--epoch",
                              "{{ falkirk_epoch(data_interval_start) }}",
                              "--idle-timeout", "600"],
-        "conf": {"spark.sql.shuffle.partitions": str(cfg.spark_shuffle_partitions),
-                 "spark.ui.enabled": "true" if cfg.spark_ui else "false"},
+        "conf": cfg.spark_launch_conf,
     }
 
 
