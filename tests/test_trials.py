@@ -113,6 +113,7 @@ def test_trials_lose_and_duplicate_nothing(tmp_path):
     report = json.loads(out.read_text())
     assert code == 0, json.dumps(report, indent=1)
     assert report["seed"] == SEED and report["input"]["epochs"] == EPOCHS
+    assert report["planned"] == 2  # written after each trial too, with how many were asked
     assert {t["phase"] for t in report["trials"]} == {"mid-checkpoint", "before-commit"}
     for t in report["trials"]:
         assert t["ok"] and not t.get("error"), t

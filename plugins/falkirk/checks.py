@@ -211,13 +211,9 @@ class Validator:
             self._suites = Suites(tables, self.docs_dir if self._docs else None, self.spark)
         return self._suites
 
-    def _setting(self, name: str, default: Any) -> Any:
-        """``settings.checks.<name>`` of the pipeline declaration."""
-        return (self.pipeline.settings.get("checks") or {}).get(name, default)
-
     @property
     def pandas_max_rows(self) -> int:
-        value = self._setting("pandas_max_rows", PANDAS_MAX_ROWS)
+        value = self.pipeline.checks_setting("pandas_max_rows", PANDAS_MAX_ROWS)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise CheckError(f"pipeline {self.pipeline.name!r}: settings.checks."
                              f"pandas_max_rows is {value!r}; expected a whole number ≥ 0")
@@ -225,7 +221,7 @@ class Validator:
 
     @property
     def on_failure(self) -> str:
-        value = self._setting("on_failure", "quarantine")
+        value = self.pipeline.checks_setting("on_failure", "quarantine")
         if value not in ON_FAILURE:
             raise CheckError(f"pipeline {self.pipeline.name!r}: settings.checks.on_failure "
                              f"is {value!r}; expected one of {', '.join(ON_FAILURE)}")
@@ -255,10 +251,10 @@ class Validator:
     def check_epoch(self, row: EpochRecord, logs: dict[str, RegionLog]) -> list[Outcome]:
         """Every suite of the tables the row committed, and the region's invariants."""
         import pyarrow.compute as pc
-        from deltalake import DeltaTable
         from pyspark.sql import functions as F
 
         from falkirk.delta import read_version
+        from falkirk.lake import version_dataset
 
         outcomes: list[Outcome] = []
         seen: set[str] = set()
@@ -269,8 +265,7 @@ class Validator:
             seen.add(table)
             started = time.monotonic()
             uri, options = self.cfg.table(table), self.cfg.delta_storage_options or None
-            dataset = DeltaTable(uri, version=version,
-                                 storage_options=options).to_pyarrow_dataset()
+            dataset = version_dataset(uri, version, options)
             in_epoch = pc.field("epoch") == row.epoch
             if dataset.count_rows(filter=in_epoch) <= self.pandas_max_rows:
                 results = self.suites.validate(

@@ -92,7 +92,7 @@ class LocalRun:
 
         if until_epoch is not None:
             self.until_epoch = until_epoch
-        held = bool((self.pipeline.settings.get("checks") or {}).get("hold"))
+        held = bool(self.pipeline.checks_setting("hold"))
         # Readers of a held pipeline also wait for the validator: give them longer.
         args = ["--idle-timeout", "1200" if held else "300"]
         if self.until_epoch is not None:

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -80,10 +81,10 @@ def table_filesystem(table_uri: str, storage_options: dict[str, str] | None) -> 
     return pafs.PyFileSystem(DeltaStorageHandler(table_uri, storage_options))
 
 
-def read_table(table_uri: str, version: int | None = None,
-               filters: list[tuple[str, str, Any]] | None = None,
-               storage_options: dict[str, str] | None = None) -> pa.Table:
-    """Exactly the rows of one version of a Delta table (default: the latest)."""
+def version_dataset(table_uri: str, version: int | None = None,
+                    storage_options: dict[str, str] | None = None) -> ds.Dataset:
+    """Exactly the files of one version of a Delta table (default: the latest), as a
+    pyarrow dataset: count or read rows with a filter without loading the rest."""
     from deltalake import DeltaTable
 
     table = DeltaTable(table_uri, version=version, storage_options=storage_options)
@@ -91,11 +92,16 @@ def read_table(table_uri: str, version: int | None = None,
     root = table_uri.rstrip("/")
     files = [uri[len(root) + 1:] if uri.startswith(root + "/") else uri
              for uri in (_plain(u) for u in table.file_uris())]
-    if not files:
-        return schema.empty_table()
-    data = pq.read_table(files, filesystem=table_filesystem(root, storage_options),
-                         filters=filters or None, schema=schema)
-    return data
+    return ds.dataset(files, schema=schema, format="parquet",
+                      filesystem=table_filesystem(root, storage_options))
+
+
+def read_table(table_uri: str, version: int | None = None,
+               filters: list[tuple[str, str, Any]] | None = None,
+               storage_options: dict[str, str] | None = None) -> pa.Table:
+    """Exactly the rows of one version of a Delta table (default: the latest)."""
+    dataset = version_dataset(table_uri, version, storage_options)
+    return dataset.to_table(filter=pq.filters_to_expression(filters) if filters else None)
 
 
 def _plain(uri: str) -> str:

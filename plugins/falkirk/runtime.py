@@ -405,7 +405,7 @@ class JobRunner:
     def _passed(self) -> dict[str, set[tuple[int, int]]] | bool:
         """With ``settings.checks.hold``: per region, the (epoch, generation) whose data
         checks all passed (receivers read only those); False when epochs are not held."""
-        if not (self.pipeline.settings.get("checks") or {}).get("hold"):
+        if not self.pipeline.checks_setting("hold"):
             return False
         return self.log.passed_checks(self.pipeline.name)
 

@@ -85,6 +85,11 @@ class Pipeline:
     def out_edges(self, region: str) -> list[EdgeSpec]:
         return [e for e in self.edges.values() if e.src == region]
 
+    def checks_setting(self, name: str, default: Any = None) -> Any:
+        """``settings.checks.<name>`` of the declaration (read by the validator, and by the
+        jobs and the harness for ``hold``)."""
+        return (self.settings.get("checks") or {}).get(name, default)
+
     def edge_domain(self, edge: EdgeSpec) -> str:
         """Times on an edge are in its receiver's domain (its sender's, for an output)."""
         return self.regions[edge.dst or edge.src].domain

@@ -455,6 +455,18 @@ def _table(results: list[dict[str, Any]], total: dict[str, Any]):
     return table
 
 
+def write_json(path: Path, results: list[dict[str, Any]], t0: float, seed: int,
+               data: dict[str, int], pipeline: str, planned: int) -> Path:
+    """The results so far, with their totals (``planned``: how many trials were asked for)."""
+    total = totals(results)
+    total["seconds"] = round(time.monotonic() - t0, 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"trials": results, "totals": total, "planned": planned,
+                                "seed": seed, "input": data, "pipeline": pipeline},
+                               indent=1, default=str))
+    return path
+
+
 def main(args: Namespace) -> int:
     """Run the trials; 0 when every trial lost and duplicated nothing, else 1."""
     from rich.console import Console
@@ -510,6 +522,8 @@ def main(args: Namespace) -> int:
                 progress.console.log(f"{label}: [red]✗[/] {r.get('error') or 'outputs differ'}"
                                      f"; sandbox kept: {root}")
             progress.advance(task)
+            if args.json:  # after every trial: a long run stopped early keeps what it measured
+                write_json(Path(args.json), results, t0, seed, data, pipeline.name, n)
         progress.update(task, description=f"{n} trial(s) done")
 
     total = totals(results)
@@ -525,11 +539,7 @@ def main(args: Namespace) -> int:
                   f"finished {total['finish_s']['mean']} s (max {total['finish_s']['max']} s) "
                   f"after the kill; total {total['seconds']:.0f} s")
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"trials": results, "totals": total, "seed": seed,
-                                    "input": data, "pipeline": pipeline.name}, indent=1,
-                                   default=str))
+        path = write_json(Path(args.json), results, t0, seed, data, pipeline.name, n)
         console.print(f"results: {path}")
     if ok and not given:
         shutil.rmtree(workdir, ignore_errors=True)
