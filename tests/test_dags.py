@@ -183,8 +183,10 @@ def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(d
     given = dict(cmd[i + 1].split("=", 1) for i, arg in enumerate(cmd) if arg == "--conf")
     assert given == cfg.spark_launch_conf
     assert dagbag.dags["falkirk_batch_popularity"].get_task("popularity").conf == given
-    # local drivers: C1 only, serial GC (2 cores shared by four JVMs)
-    assert given["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    # local drivers: C1 only, serial GC (2 cores shared by four JVMs), and the code cache
+    # of tiered compilation (C1 alone gets 48 MB, which long streaming queries fill)
+    assert given["spark.driver.extraJavaOptions"].split() == [
+        "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:ReservedCodeCacheSize=240m"]
 
 
 def test_a_stream_that_finished_is_not_dead(tmp_path, monkeypatch):
