@@ -294,6 +294,18 @@ def test_rollback_keeps_transaction_markers_so_same_generation_loses_rows(spark,
 
 
 @pytest.mark.slow
+def test_rolling_back_a_table_its_writer_never_created(tmp_path):
+    """A writer killed in epoch 0 before creating its table: going back to version 0 (the
+    empty table) has nothing to undo; any later version is an error naming the table."""
+    from deltalake.exceptions import TableNotFoundError
+
+    uri = str(tmp_path / "never_created")
+    assert rollback_table(uri, 0) == 0
+    assert not (tmp_path / "never_created").exists()
+    with pytest.raises(TableNotFoundError, match="never_created"):
+        rollback_table(uri, 2)
+
+
 def test_read_added_is_the_union_of_epochs(spark, tmp_path):
     uri = str(tmp_path / "out")
     versions = rolled_back_table(spark, uri)

@@ -458,8 +458,12 @@ def rollback_table(
     ``to_version``. The earlier versions stay readable by time travel until vacuumed.
     A RESTORE keeps every writer's transaction marker (delta-io/delta#1813): writers that must
     write epochs after ``to_version`` again have to run under a new generation. A no-op when
-    the table is at ``to_version``.
+    the table is at ``to_version``, and when version 0 (the empty table its writer creates
+    first) is asked for and the table does not exist: its writer died before creating it,
+    so nothing was committed (found by ``falkirk trials``: a kill in epoch 0).
     """
+    if to_version == 0 and not DeltaTable.is_deltatable(table_uri, storage_options):
+        return 0
     table = DeltaTable(table_uri, storage_options=storage_options)
     current = table.version()
     if to_version > current or to_version < 0:
