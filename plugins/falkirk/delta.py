@@ -49,7 +49,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from falkirk.faults import maybe_crash
-from falkirk.lake import ensure_table, local_path, table_filesystem
+from falkirk.lake import ensure_table, file_path, local_path, table_filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -76,12 +76,9 @@ def staging_name(epoch: int, generation: int) -> str:
 
 
 def _spark_uri(uri: str) -> str:
-    """A location as Spark's Hadoop file systems name it (s3:// is s3a:// there; a local
-    path as a plain path: file_uris() percent-encodes it, Hadoop would take %20 literally)."""
+    """A location as Spark's Hadoop file systems name it (s3:// is s3a:// there)."""
     if uri.startswith("s3://"):
         return "s3a://" + uri[len("s3://") :]
-    if "://" not in uri:
-        return unquote(uri)
     return uri
 
 
@@ -554,7 +551,7 @@ def read_version(
     """
     table = DeltaTable(table_uri, version=version, storage_options=storage_options)
     schema = _spark_schema(table)
-    uris = [_spark_uri(u) for u in table.file_uris()]
+    uris = [_spark_uri(file_path(u)) for u in table.file_uris()]
     if not uris:
         return spark.createDataFrame([], schema)
     reader = spark.read.schema(schema)

@@ -91,7 +91,7 @@ def version_dataset(table_uri: str, version: int | None = None,
     schema = pa.schema(table.schema().to_arrow())
     root = table_uri.rstrip("/")
     files = [uri[len(root) + 1:] if uri.startswith(root + "/") else uri
-             for uri in (_plain(u) for u in table.file_uris())]
+             for uri in (file_path(u) for u in table.file_uris())]
     return ds.dataset(files, schema=schema, format="parquet",
                       filesystem=table_filesystem(root, storage_options))
 
@@ -104,7 +104,7 @@ def read_table(table_uri: str, version: int | None = None,
     return dataset.to_table(filter=pq.filters_to_expression(filters) if filters else None)
 
 
-def _plain(uri: str) -> str:
+def file_path(uri: str) -> str:
     """file:///x/y -> /x/y; /x/a%20b -> /x/a b (file_uris() percent-encodes local paths)."""
     parsed = urlparse(uri)
     return unquote(parsed.path) if parsed.scheme in ("file", "") else uri
