@@ -25,7 +25,7 @@ ENV PYTHONUNBUFFERED=1 \
 RUN set -eux; \
     mkdir -p /usr/share/man/man1; \
     apt-get update; \
-    apt-get install -y --no-install-recommends openjdk-17-jre-headless procps; \
+    apt-get install -y --no-install-recommends openjdk-17-jre-headless procps maven; \
     rm -rf /var/lib/apt/lists/*; \
     java -version
 
@@ -41,6 +41,16 @@ RUN uv sync --locked --no-dev --extra postgres --no-install-project
 # and schemas/ over these copies, so an edit on the host is what every service runs).
 COPY . .
 RUN uv sync --locked --no-dev --extra postgres
+
+# The JVM parts (Spark's Kafka connector, delta-spark, the Kafka broker jars) from Maven
+# Central, as bin/setup fetches them: jobs load them with spark.jars, never at start.
+RUN set -eux; \
+    for set in spark kafka; do \
+      mvn -q -B -f "jvm/$set/pom.xml" dependency:copy-dependencies \
+        -DoutputDirectory="/opt/falkirk/jvm/lib/$set"; \
+      sha256sum "jvm/$set/pom.xml" | cut -d' ' -f1 > "/opt/falkirk/jvm/lib/$set/.pom.sha256"; \
+    done; \
+    rm -rf /root/.m2
 
 # A non-root user (uid 50000, group 0 as in Airflow's own image); the folders that
 # compose mounts named volumes on are created here so the volumes inherit the owner.

@@ -1,7 +1,8 @@
 """Region ``ingest``: validate the events of one epoch, dead-letter the rest, aggregate.
 
 Pure transforms (no I/O); the runtime reads the epoch's records from the events topic
-(``falkirk_kafka`` with ``valueSchema`` = :data:`VALUE_SCHEMA`), calls them and writes
+(Spark's Kafka connector, values parsed against :data:`VALUE_SCHEMA` by
+``falkirk.kafka_io``), calls them and writes
 ``purchases``, ``interactions`` and ``dead_letters``. Every output is a function of the
 input rows only (no ordering, no floating-point sums that depend on partitioning), so
 running an epoch again after a rollback writes the same rows.
@@ -20,7 +21,7 @@ from falkirk.schemas import arrow_schema, ddl
 from falkirk.spark import conform, dead_letters
 
 REGION = "ingest"
-VALUE_SCHEMA = ddl("records", "events")  # the source's valueSchema option
+VALUE_SCHEMA = ddl("records", "events")  # the record schema values are parsed against
 EVENT_FIELDS = tuple(f.name for f in arrow_schema("records", "events"))
 KINDS = ("view", "click", "purchase")
 INTERACTION_KINDS = ("click", "purchase")
@@ -92,7 +93,7 @@ def validate(
 ) -> tuple[DataFrame, DataFrame]:
     """Split epoch ``epoch``'s source rows into ``(events_df, dead_letters_df)``.
 
-    ``raw_df`` is the falkirk_kafka source's output with ``valueSchema`` =
+    ``raw_df`` is ``falkirk.kafka_io.read_range``'s output with the record schema
     :data:`VALUE_SCHEMA`. End-of-stream markers (key ``__falkirk_eos__``) are dropped
     first: they are neither events nor dead letters. A row is a valid event when the
     source parsed it, no field is missing, its kind is known, its amount is finite and

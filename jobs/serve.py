@@ -22,7 +22,7 @@ from falkirk.spark import conform, dead_letters
 
 REGION = "serve"
 STATS = "stats"
-VALUE_SCHEMA = ddl("records", "queries")  # the source's valueSchema option
+VALUE_SCHEMA = ddl("records", "queries")  # the record schema values are parsed against
 QUERY_FIELDS = tuple(f.name for f in arrow_schema("records", "queries"))
 TOP_ITEMS = 3
 NONE = "none"  # query_stats value for a null label or category

@@ -25,19 +25,29 @@ def spark():
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
-    """One local Kafka-compatible broker (noida-db) for the whole test session."""
+    """One embedded Apache Kafka broker (KRaft) for the whole test session."""
     from falkirk.broker import LocalBroker
 
     with LocalBroker(tmp_path_factory.mktemp("broker")) as b:
         yield b
 
 
+@pytest.fixture(scope="module")
+def world_template(tmp_path_factory, spark):
+    """The small pipeline of tests/tiny_pipeline.py after a few epochs, built once a module."""
+    from tiny_pipeline import build_world
+
+    root = tmp_path_factory.mktemp("world")
+    build_world(root, spark)
+    return root
+
+
 @pytest.fixture
-def world(tmp_path):
-    """The small pipeline of tests/tiny_pipeline.py after a few epochs (no Spark)."""
+def world(tmp_path, world_template, spark):
+    """A fresh copy of the world for one test: (cfg, log, executor, stopped regions)."""
     from tiny_pipeline import make_world
 
-    return make_world(tmp_path)
+    return make_world(tmp_path, world_template, spark)
 
 
 @pytest.fixture(scope="session")

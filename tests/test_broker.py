@@ -1,4 +1,4 @@
-"""The local Kafka-compatible broker helper: start, stop, restart, topics."""
+"""The embedded Apache Kafka broker (KRaft): start, stop, restart, crash, topics, bad input."""
 
 from __future__ import annotations
 
@@ -60,3 +60,62 @@ def test_a_taken_port_is_a_clear_error(broker, tmp_path):
         LocalBroker(tmp_path / "other", port=broker.port).start()
     with pytest.raises(BrokerError, match="call start"):
         _ = LocalBroker(tmp_path / "unstarted").bootstrap
+
+
+def _produce(bootstrap: str, topic: str, first: int, n: int) -> None:
+    """n records acknowledged by the broker (acks=all: written to its log)."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    futures = [producer.send(topic, key=b"%d" % i, value=b"v%d" % i)
+               for i in range(first, first + n)]
+    producer.flush()
+    for f in futures:
+        f.get(timeout=30)  # raises if the broker did not acknowledge
+    producer.close()
+
+
+def _values(bootstrap: str, topic: str) -> list[bytes]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=3000, enable_auto_commit=False)
+    consumer.assign([TopicPartition(topic, 0)])
+    try:
+        return [r.value for r in consumer]
+    finally:
+        consumer.close()
+
+
+@pytest.mark.slow
+def test_a_restarted_or_killed_broker_loses_no_acknowledged_record(tmp_path):
+    """Apache Kafka keeps what it acknowledged through a clean restart and a SIGKILL
+    (records are in the OS's page cache); clients reconnect on the same bootstrap."""
+    with LocalBroker(tmp_path / "b") as b:
+        b.create_topic("acked", 1)
+        _produce(b.bootstrap, "acked", 0, 100)
+        b.restart()
+        _produce(b.bootstrap, "acked", 100, 100)
+        b.kill()
+        assert not b.running
+        b.start()
+        assert _values(b.bootstrap, "acked") == [b"v%d" % i for i in range(200)]
+
+
+@pytest.mark.slow
+def test_storage_of_another_cluster_is_refused_and_kept(tmp_path):
+    with LocalBroker(tmp_path / "b"):
+        pass
+    (tmp_path / "b" / "cluster.id").write_text("AAAAAAAAAAAAAAAAAAAAAA")
+    kept = sorted(p.name for p in (tmp_path / "b" / "logs").iterdir())
+    with pytest.raises(BrokerError, match="belongs to cluster .* nothing was deleted"):
+        LocalBroker(tmp_path / "b").start()
+    assert sorted(p.name for p in (tmp_path / "b" / "logs").iterdir()) == kept
+
+
+def test_missing_broker_jars_name_bin_setup(tmp_path, monkeypatch):
+    from falkirk import jars
+
+    monkeypatch.setenv("FALKIRK_JARS_DIR", str(tmp_path / "nothing"))
+    jars._checked.cache_clear()
+    try:
+        with pytest.raises(jars.JarsError, match="run bin/setup"):
+            LocalBroker(tmp_path / "b").start()
+    finally:
+        jars._checked.cache_clear()

@@ -399,3 +399,10 @@ def test_falkirk_dockerfile_uses_bin_setups_uv_and_the_projects_python():
     base = re.search(r"^FROM\s+(\S+)", text, re.MULTILINE).group(1)
     assert base.startswith(f"python:{python}-"), base
     assert "openjdk-17-jre-headless" in text  # Spark 4 needs Java 17+
+
+
+def test_compose_runs_the_kafka_version_the_embedded_broker_runs(services):
+    """One Kafka version: the embedded broker's jars (jvm/kafka/pom.xml) and compose's."""
+    pom = (REPO_ROOT / "jvm" / "kafka" / "pom.xml").read_text()
+    version = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom).group(1)
+    assert services["kafka"]["image"] == f"apache/kafka:{version}"

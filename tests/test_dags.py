@@ -189,26 +189,62 @@ def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(d
         "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:ReservedCodeCacheSize=240m"]
 
 
+def _job_ended(pipeline, job: str, status: str, code: int | None) -> None:
+    """The row a job writes about itself when it starts (code None) or ends."""
+    from falkirk.epochlog import EpochLog
+
+    EpochLog.from_config().record_job_run(pipeline.name, job, ["x"], 0, status, exit_code=code)
+
+
 def test_a_stream_that_finished_is_not_dead(tmp_path, monkeypatch):
+    """Finished or dead is read from the job's own rows in the log of job runs: a job
+    killed after it started wrote no end row; log lines prove nothing."""
     from falkirk.airflow import streams
     from falkirk.topology import load_pipeline
 
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
     pipeline = load_pipeline("reference")
     assert set(streams.stream_jobs(pipeline)) == {"jobs/ingest.py", "jobs/communities.py",
                                                   "jobs/serve.py"}
     log = streams.log_file(pipeline, "jobs/ingest.py")
     log.parent.mkdir(parents=True)
     log.write_text("2026-01-01 10:00:00,001 INFO falkirk.runtime: ingest: done through "
-                   "epoch 9\n")
+                   "epoch 9\n")  # a log line is not an end row
+    assert not streams.finished_cleanly(pipeline, "jobs/ingest.py")
+    _job_ended(pipeline, "jobs/ingest.py", "started", None)
+    _job_ended(pipeline, "jobs/ingest.py", "finished", 0)
     assert streams.finished_cleanly(pipeline, "jobs/ingest.py")
-    log.write_text(log.read_text() + "2026-01-01 10:01:00,001 INFO falkirk.runtime: region "
-                   "ingest: state restored\nspark noise\n")
+    _job_ended(pipeline, "jobs/ingest.py", "started", None)  # restarted, then killed
+    assert not streams.finished_cleanly(pipeline, "jobs/ingest.py")
+    _job_ended(pipeline, "jobs/ingest.py", "failed", 2)
     assert not streams.finished_cleanly(pipeline, "jobs/ingest.py")
     assert set(streams.dead_jobs(pipeline)) == set(streams.stream_jobs(pipeline))
     streams.pause_marker(pipeline).parent.mkdir(parents=True, exist_ok=True)
     streams.pause_marker(pipeline).write_text("a rollback run")
     assert streams.dead_jobs(pipeline) == {}
+
+
+def test_a_reused_pid_is_not_the_job(tmp_path, monkeypatch):
+    """A pid file whose pid now belongs to another process (the OS reused it): the job is
+    not running, whatever lives under that pid."""
+    import json
+    import os
+
+    from falkirk import procs
+    from falkirk.topology import load_pipeline
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    pipeline = load_pipeline("reference")
+    folder = tmp_path / "run" / "reference"
+    folder.mkdir(parents=True)
+    info = {"pid": os.getpid(), "pgid": os.getpid(), "job": "jobs/ingest.py",
+            "regions": ["ingest"], "process_started": procs.process_started(os.getpid())}
+    (folder / "ingest.json").write_text(json.dumps(info))
+    assert [i["job"] for i in procs.running(pipeline)] == ["jobs/ingest.py"]
+    info["process_started"] -= 3600  # the job that wrote it started an hour earlier
+    (folder / "ingest.json").write_text(json.dumps(info))
+    assert procs.running(pipeline) == []
 
 
 def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
@@ -219,6 +255,7 @@ def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     from falkirk.topology import load_pipeline
 
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
     pipeline = load_pipeline("reference")
     launched: list[str] = []
 
@@ -231,16 +268,13 @@ def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
 
     monkeypatch.setattr(procs, "start_job", launch)
     for job in streams.stream_jobs(pipeline):
-        log = streams.log_file(pipeline, job)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"2026-01-01 10:00:00,001 INFO falkirk.runtime: {job}: done through "
-                       "epoch 4\n")
+        _job_ended(pipeline, job, "finished", 0)
     assert streams.start_streams(pipeline) == {} and launched == []
     assert streams.start_streams(pipeline, only=["jobs/communities.py"]) == {
         "jobs/communities.py": 1}
     sensor = supervisor.StreamsSensor(task_id="watch", pipeline="reference")
     assert sensor.poke({}) is False  # every job finished: go on waiting
-    streams.log_file(pipeline, "jobs/serve.py").write_text("spark noise\n")
+    _job_ended(pipeline, "jobs/serve.py", "started", None)  # then killed: no end row
     assert streams.start_streams(pipeline) == {"jobs/serve.py": 1}
     done = sensor.poke({})
     assert done.is_done and done.xcom_value == {"jobs/serve.py": ["serve", "stats"]}

@@ -139,3 +139,22 @@ def test_the_end_of_a_regions_input_is_kept_across_generations(world):
     assert log.ends("tiny") == {"ingest": 5, "agg": 4, "report": 4}
     log.record_end("tiny", ["ingest"], 3, 2)  # a shorter run does not move the end back
     assert log.ends("tiny")["ingest"] == 5
+
+
+def test_a_clock_stepped_back_cannot_reorder_the_log(tmp_path):
+    """Rows are read in the order they were appended (Delta versions), not by their
+    wall-clock ``recorded_at``: an invalidation written after a clock step back (NTP, a
+    VM resumed) still comes after the commit it invalidates."""
+    from datetime import UTC, datetime, timedelta
+
+    log = EpochLog(str(tmp_path / "log"))
+    now = datetime.now(UTC)
+    log.record(EpochRecord("small", "popularity", 0, 0, "committed", recorded_at=now))
+    log.record(EpochRecord("small", "popularity", 1, 0, "committed", recorded_at=now))
+    log.record(EpochRecord("small", "popularity", 1, 0, "invalidated", note="rollback r1",
+                           recorded_at=now - timedelta(hours=1)))  # the clock went back
+    assert [r.status for r in log.records("small")] == ["committed", "committed", "invalidated"]
+    assert sorted(log.regions(PIPE)["popularity"].entries) == [0]
+    log.record_rollback("small", "r2", 1, "started", {}, {})
+    log.record_rollback("small", "r1", 1, "done", {}, {})
+    assert [r["rollback_id"] for r in log.rollbacks("small")] == ["r2", "r1"]

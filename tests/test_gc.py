@@ -37,7 +37,7 @@ def test_apply_drops_acknowledges_and_then_constrains_rollbacks(world, broker):
     producer.flush()
     producer.close()
     cfg = replace(cfg, kafka_bootstrap=broker.bootstrap)
-    report = collect(PIPE, cfg, log, apply=True, vacuum_retention_hours=0)
+    report = collect(PIPE, cfg, log, apply=True, vacuum_retention_hours=0, spark=executor.spark)
     kept = read_table(cfg.table("t_in"))["epoch"].to_pylist()
     assert sorted(kept) == [4, 5]
     assert log.collected("tiny")["t_in"] == (3, None)

@@ -15,7 +15,7 @@ from kafka.partitioner.default import murmur2
 from pyspark.sql import functions as F
 
 from falkirk import generate as G
-from falkirk.kafka_source import parse_value_schema, source_schema
+from falkirk.kafka_io import source_schema
 from falkirk.schemas import ddl, definition
 
 ORIGIN = G.DEFAULT_ORIGIN_MS
@@ -126,7 +126,7 @@ TYPES = {"string": (str,), "long": (int,), "double": (float, int)}
 
 
 def parse_like_the_source(value: bytes, fields: list[tuple[str, str]]) -> tuple[list, str | None]:
-    """The falkirk_kafka source's rule, simply: typed fields, or all null and an error."""
+    """kafka_io.parse_values' rule, simply: typed fields, or all null and an error."""
     try:
         obj = json.loads(value)
     except ValueError:
@@ -157,7 +157,7 @@ def source_like(spark, records: list[G.Record], partitions: int = 3):
         rows.append(("events", p, offsets[p], key.decode(), ts, value.decode(), *parsed, error,
                      reached[p]))  # fmt: skip
         offsets[p] += 1
-    schema = source_schema(parse_value_schema(value_ddl)).add("processing_epoch", "long")
+    schema = source_schema(value_ddl).add("processing_epoch", "long")
     return spark.createDataFrame(rows, schema)
 
 

@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from falkirk.kafka_source import parse_value_schema, source_schema
+from falkirk.kafka_io import source_schema
 from falkirk.schemas import arrow_schema
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
@@ -58,13 +58,12 @@ def expected_schema(name: str) -> list[tuple[str, str]]:
 
 # --- ingest -------------------------------------------------------------------------------
 
-EVENTS_SOURCE = source_schema(parse_value_schema(ingest.VALUE_SCHEMA))
 EVENTS_COLUMNS = ["event_id", "user_id", "item_id", "category", "kind", "amount", "ts", "epoch"]
 
 
 def source_row(offset, event_id="e", user=1, item=2, category="c2", kind="view", amount=0.0,
                ts=ORIGIN + 2_000, error=None, key=None, partition=0):  # fmt: skip
-    """A row as the falkirk_kafka source returns it; raw value = f"raw{offset}"."""
+    """A row as kafka_io.read_range returns it; raw value = f"raw{offset}"."""
     if error is not None:
         event_id = user = item = category = kind = amount = ts = None
     key = str(user) if key is None else key
@@ -93,7 +92,7 @@ def test_validate_reports_each_reason_and_keeps_valid_events(spark):
             source_row(14, key="__falkirk_eos__", error=not_json),  # end marker: not data
             source_row(15, kind=None, partition=2),
         ],
-        EVENTS_SOURCE,
+        source_schema(ingest.VALUE_SCHEMA),
     )
     events, dead = ingest.validate(raw, 2, ORIGIN, E)
     assert schema_of(events) == list(
@@ -129,7 +128,8 @@ def test_validate_reports_each_reason_and_keeps_valid_events(spark):
 
 
 def test_validate_an_empty_epoch(spark):
-    events, dead = ingest.validate(spark.createDataFrame([], EVENTS_SOURCE), 0, ORIGIN, E)
+    empty = spark.createDataFrame([], source_schema(ingest.VALUE_SCHEMA))
+    events, dead = ingest.validate(empty, 0, ORIGIN, E)
     assert events.columns == EVENTS_COLUMNS and events.count() == 0
     assert schema_of(dead) == expected_schema("dead_letters") and dead.count() == 0
 
@@ -393,7 +393,7 @@ def test_answer_an_empty_epoch_and_an_empty_state(spark, state):
 
 
 def test_validate_queries(spark):
-    schema = source_schema(parse_value_schema(serve.VALUE_SCHEMA))
+    schema = source_schema(serve.VALUE_SCHEMA)
     raw = spark.createDataFrame(
         [
             ("queries", 0, 0, "1", ORIGIN, "r0", "q1", 1, ORIGIN, None),

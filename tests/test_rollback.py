@@ -1,5 +1,5 @@
-"""The rollback executor on a real epoch log and real delta-rs tables (no Spark needed),
-on the small pipeline of tests/tiny_pipeline.py."""
+"""The rollback executor on a real epoch log and real delta-spark tables, on the small
+pipeline of tests/tiny_pipeline.py."""
 
 from __future__ import annotations
 
@@ -91,15 +91,101 @@ def test_a_crashed_rollback_is_resumed_to_the_same_end_state(world, tmp_path):
                         {**plan.request.__dict__}, plan.to_json())
     from falkirk.delta import rollback_table
 
-    rollback_table(cfg.table("t_mid"), plan.tables[0].to_version)
+    rollback_table(executor.spark, cfg.table("t_mid"), plan.tables[0].to_version)
     lock = tmp_path / "locks" / "tiny.rollback.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     lock.write_text(json.dumps({"pid": 2**22 + 12345, "host": os.uname().nodename}))
-    # Running a rollback again resumes that plan, not a new one.
-    resumed = executor.run(RollbackRequest("tiny", failed=["agg"], reason="again",
-                                           dry_run=False))
-    assert resumed.rollback_id == plan.rollback_id
+    # A newer request resumes that plan first, and is then refused (not silently replaced).
+    with pytest.raises(RollbackError, match=f"rollback {plan.rollback_id} had crashed and "
+                                            "was resumed first .* was not carried out"):
+        executor.run(RollbackRequest("tiny", failed=["agg"], reason="again", dry_run=False))
     assert epochs_in(cfg, "t_mid") == [0, 1, 2, 3] and epochs_in(cfg, "t_out") == [0, 1, 2, 3]
     assert log.generation("tiny") == 1
     assert [r["status"] for r in log.rollbacks("tiny")] == ["started", "done"]
     assert not lock.exists()
+
+
+def test_an_epoch_committed_before_the_stop_is_in_the_plan_carried_out(world):
+    """Forced interleaving: agg and report commit epoch 5 after a first plan was made and
+    before their jobs stop (the stop hook commits it, as the job would). The plan carried
+    out is made after the stop, so epoch 5 is invalidated, never left `committed` over
+    rows the restore removed."""
+    from tiny_pipeline import SCHEMA
+
+    from falkirk.delta import EpochWriter
+    from falkirk.epochlog import EpochRecord
+
+    cfg, log, executor, _ = world
+    spark = executor.spark
+    stops: list[set] = []
+
+    def commit_epoch_5_then_stop(regions: set[str]) -> None:
+        if not stops:  # the jobs finish one more epoch before they die
+            rows = []
+            for region, table in (("agg", "t_mid"), ("report", "t_out")):
+                frame = spark.createDataFrame([(5, f"{table}5")], "epoch long, value string")
+                version = EpochWriter(spark, cfg.table(table), region, 0, SCHEMA).write_epoch(
+                    frame, 5).version
+                rows.append(EpochRecord("tiny", region, 5, 0, "committed",
+                                        state_ref="checkpoint:5" if region == "report" else None,
+                                        outputs={table: {"table": table, "version": version}}))
+            log.record(*rows)
+        stops.append(set(regions))
+
+    executor.stop_regions = commit_epoch_5_then_stop
+    plan = executor.run(RollbackRequest("tiny", failed=["agg"], reason="agg died",
+                                        dry_run=False))
+    assert stops[0] == {"agg", "report"}
+    assert {(i["region"], i["time"]) for i in plan.invalidate} >= {("agg", 5), ("report", 5)}
+    regions = log.regions(PIPE)
+    assert max(regions["agg"].entries) == 3 and max(regions["report"].entries) == 3
+    assert epochs_in(cfg, "t_mid") == [0, 1, 2, 3] and epochs_in(cfg, "t_out") == [0, 1, 2, 3]
+
+
+def test_a_plan_that_moved_since_it_was_confirmed_is_refused(world):
+    cfg, log, executor, _ = world
+    versions = {t: DeltaTable(cfg.table(t)).version() for t in ("t_in", "t_mid", "t_out")}
+    with pytest.raises(RollbackError, match=r"the plan changed since it was confirmed.*"
+                                            r'"agg": \{"confirmed": 1, "now": 3\}'):
+        executor.run(RollbackRequest("tiny", failed=["agg"], reason="x", dry_run=False),
+                     confirmed={"ingest": "top", "agg": 1, "report": 1})
+    assert {t: DeltaTable(cfg.table(t)).version() for t in versions} == versions
+    assert [r["status"] for r in log.rollbacks("tiny")] == []
+
+
+def test_fenced_regions_may_not_record_and_restarted_jobs_are_not_fenced(world):
+    """The fence a rollback records before it stops jobs: jobs of the old generation
+    hosting a fenced region are refused; the generation moves on with the fence, so jobs
+    started afterwards (even if the rollback crashed right after fencing) are not."""
+    from falkirk import faults
+
+    cfg, log, executor, stopped = world
+    assert log.fenced("tiny", ["agg", "report"], 0) is None
+    os.environ[faults.ENV] = "rollback:before-stop"
+    try:
+        import subprocess
+        import sys
+        import textwrap
+
+        code = textwrap.dedent(f"""
+            import sys; sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+            from dataclasses import replace
+            from pathlib import Path
+            from falkirk.config import load
+            from falkirk.epochlog import EpochLog
+            from falkirk.rollback import RollbackExecutor, RollbackRequest
+            from tiny_pipeline import PIPE
+            cfg = replace(load(), lake={cfg.lake!r})
+            RollbackExecutor(PIPE, cfg, EpochLog.from_config(cfg), stop_regions=print,
+                             lock_dir=Path({str(executor.lock_dir)!r})).run(
+                RollbackRequest("tiny", failed=["agg"], reason="x", dry_run=False))
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        del os.environ[faults.ENV]
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert log.fenced("tiny", ["agg"], 0) == 1 and log.fenced("tiny", ["report"], 0) == 1
+    assert log.fenced("tiny", ["ingest"], 0) is None  # not taken back
+    assert log.fenced("tiny", ["agg"], log.generation("tiny")) is None  # a restarted job
+    assert log.unfinished_rollback("tiny") is None  # nothing was planned: nothing to resume

@@ -10,6 +10,7 @@ from falkirk.topology import Pipeline, TopologyError
 
 SMALL = {
     "pipeline": "small",
+    "settings": {"epoch_seconds": 10, "origin_ms": 1704067200000, "top_n": 5},
     "regions": {
         "ingest": {"regime": "ephemeral", "job": "jobs/ingest.py"},
         "popularity": {"regime": "batch", "job": "jobs/popularity.py"},
@@ -74,6 +75,34 @@ CASES = {
     "kafka edge without topic": (
         broken(["edges", "events", "topic"], KeyError),
         "edge 'events': a kafka edge needs its topic"),
+    "no settings": (
+        broken(["settings"], KeyError),
+        "settings: missing: declare at least epoch_seconds and origin_ms"),
+    "no epoch length (it would default silently)": (
+        broken(["settings", "epoch_seconds"], KeyError),
+        "settings.epoch_seconds: field required"),
+    "an epoch of 0 s": (
+        broken(["settings", "epoch_seconds"], 0),
+        "settings.epoch_seconds: input should be greater than 0 (got 0)"),
+    "an epoch length in words": (
+        broken(["settings", "epoch_seconds"], "ten"),
+        "settings.epoch_seconds: input should be a valid number (got 'ten')"),
+    "an origin that is not a whole number": (
+        broken(["settings", "origin_ms"], 1.5),
+        "settings.origin_ms: input should be a valid integer (got 1.5)"),
+    "unknown on_failure": (
+        broken(["settings", "checks"], {"on_failure": "panic"}),
+        "settings.checks.on_failure: input should be 'quarantine' or 'rollback' (got 'panic')"),
+    "bad pandas_max_rows": (
+        broken(["settings", "checks"], {"pandas_max_rows": -1}),
+        "settings.checks.pandas_max_rows: input should be greater than or equal to 0"),
+    "misspelt checks key": (
+        broken(["settings", "checks"], {"hodl": True}),
+        "settings.checks.hodl: extra inputs are not permitted"),
+    "a table written by two regions": (
+        broken(["edges", "more"], {"kind": "delta", "from": "popularity",
+                                   "table": "purchases"}),
+        "table 'purchases': written by regions ['ingest', 'popularity']"),
     "unknown key": (
         broken(["regions", "stats", "checkpoint_evry"], 2),
         "region 'stats': unknown keys ['checkpoint_evry']"),
@@ -87,3 +116,21 @@ def test_invalid_declarations_are_refused_with_the_place(case):
         Pipeline.from_dict(data, origin="small.yaml")
     assert message in str(err.value)
     assert str(err.value).startswith("small.yaml: ")
+
+
+def test_a_declaration_file_naming_a_missing_job_is_refused(tmp_path):
+    import yaml
+
+    data = broken(["regions", "stats", "job"], "jobs/nowhere.py")
+    data["edges"].pop("labels")  # else the unlogged edge across jobs is refused first
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(TopologyError, match=r"region 'stats': job file jobs/nowhere.py not "
+                                            r"found"):
+        Pipeline.load(path)
+
+
+def test_settings_keep_the_applications_own_keys():
+    p = Pipeline.from_dict(SMALL)
+    assert p.settings["top_n"] == 5 and p.settings["epoch_seconds"] == 10
+    assert p.checks_setting("on_failure") == "quarantine"  # the declared default

@@ -1,8 +1,9 @@
-"""A small pipeline with a real epoch log and delta-rs tables, for tests without Spark.
+"""A small pipeline with a real epoch log and delta-spark tables.
 
 ingest (ephemeral) → t_in → agg (lazy, checkpoints every 2 epochs) → report (eager, same
 job, unlogged edge) → t_out; agg also writes t_mid. ``make_world`` builds the state after
-ingest did epochs 0..5 and agg/report 0..4 (the ``world`` fixture in conftest.py).
+ingest did epochs 0..5 and agg/report 0..4 (the ``world`` fixture in conftest.py copies one
+built per test module: delta-spark writes take a while).
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pyarrow as pa
-from deltalake import write_deltalake
 
 from falkirk.config import load
+from falkirk.delta import EpochWriter
 from falkirk.epochlog import EpochLog, EpochRecord
 from falkirk.rollback import RollbackExecutor
 from falkirk.topology import Pipeline
 
 PIPE_DICT = {
     "pipeline": "tiny",
+    "settings": {"epoch_seconds": 10, "origin_ms": 0},
     "regions": {
         "ingest": {"regime": "ephemeral", "job": "jobs/a.py"},
         "agg": {"regime": "lazy", "checkpoint_every": 2, "job": "jobs/b.py"},
@@ -36,23 +38,31 @@ PIPE = Pipeline.from_dict(PIPE_DICT)
 SCHEMA = pa.schema([("epoch", pa.int64()), ("value", pa.string())])
 
 
-def make_world(tmp_path):
-    """Tables and log after ingest did epochs 0..5 and agg/report 0..4."""
-    cfg = replace(load(), lake=str(tmp_path / "lake"))
+def build_world(root, spark) -> None:
+    """Tables (written by delta-spark, as jobs write them) and log after ingest did epochs
+    0..5 and agg/report 0..4, under ``root``."""
+    cfg = replace(load(), lake=str(root / "lake"))
     log = EpochLog.from_config(cfg)
-    for table in ("t_in", "t_mid", "t_out"):
-        write_deltalake(cfg.table(table), SCHEMA.empty_table(), mode="error")  # version 0
+    writers = {(region, table): EpochWriter(spark, cfg.table(table), region, 0, SCHEMA)
+               for region, table in (("ingest", "t_in"), ("agg", "t_mid"),
+                                     ("report", "t_out"))}
+    for w in writers.values():
+        w.ensure_table()  # version 0
+
+    def write(region: str, table: str, k: int) -> None:
+        frame = spark.createDataFrame([(k, f"{'in' if table == 't_in' else table}{k}")],
+                                      "epoch long, value string")
+        assert writers[region, table].write_epoch(frame, k).version == k + 1
+
     rows = []
     for k in range(6):
-        write_deltalake(cfg.table("t_in"), pa.table({"epoch": [k], "value": [f"in{k}"]},
-                                                    schema=SCHEMA), mode="append")
+        write("ingest", "t_in", k)
         rows.append(EpochRecord("tiny", "ingest", k, 0, "committed",
                                 inputs={"src": {"from": {"0": k}, "to": {"0": k + 1}}},
                                 outputs={"t_in": {"table": "t_in", "version": k + 1}}))
     for k in range(5):
-        for table in ("t_mid", "t_out"):
-            write_deltalake(cfg.table(table), pa.table({"epoch": [k], "value": [f"{table}{k}"]},
-                                                       schema=SCHEMA), mode="append")
+        write("agg", "t_mid", k)
+        write("report", "t_out", k)
         checkpoint = k % 2 == 1
         rows.append(EpochRecord("tiny", "agg", k, 0,
                                 "checkpointed" if checkpoint else "committed",
@@ -61,7 +71,16 @@ def make_world(tmp_path):
         rows.append(EpochRecord("tiny", "report", k, 0, "committed", state_ref=f"checkpoint:{k}",
                                 outputs={"t_out": {"table": "t_out", "version": k + 1}}))
     log.record(*rows)
+
+
+def make_world(tmp_path, template, spark):
+    """A copy of the world built in ``template``, under ``tmp_path``, with its executor."""
+    import shutil
+
+    shutil.copytree(template / "lake", tmp_path / "lake")
+    cfg = replace(load(), lake=str(tmp_path / "lake"))
+    log = EpochLog.from_config(cfg)
     stopped: list[set] = []
     executor = RollbackExecutor(PIPE, cfg, log, stop_regions=stopped.append,
-                                lock_dir=tmp_path / "locks")
+                                lock_dir=tmp_path / "locks", spark=spark)
     return cfg, log, executor, stopped

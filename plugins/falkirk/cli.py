@@ -233,13 +233,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from falkirk.checks import Validator
     from falkirk.config import load
-    from falkirk.spark import register_sources, session
+    from falkirk.spark import session
 
     pipeline = _pipeline(args.pipeline)
     console = Console(stderr=args.json)
     with console.status("starting Spark and Great Expectations…") as status:
         spark = session("falkirk-validate")
-        register_sources(spark)
         validator = Validator(pipeline, spark, load(), docs=not args.no_docs)
         def progress(row) -> None:
             status.update(f"checking {row.region} epoch {row.epoch} "

@@ -44,8 +44,19 @@ class Config:
     def spark_launch_conf(self) -> dict[str, str]:
         """Spark settings that must be given when the driver starts (spark-submit --conf,
         or the builder before the JVM exists): the same for jobs, DAG tasks and tests."""
+        from falkirk.jars import spark_jars
+
         conf = {"spark.sql.shuffle.partitions": str(self.spark_shuffle_partitions),
-                "spark.ui.enabled": "true" if self.spark_ui else "false"}
+                "spark.ui.enabled": "true" if self.spark_ui else "false",
+                # Spark's Kafka connector and delta-spark, fetched by bin/setup: the driver
+                # ships them to executors, and no job resolves packages at start.
+                "spark.jars": spark_jars(),
+                "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+                "spark.sql.catalog.spark_catalog":
+                    "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+                # Delta rebuilds a table's snapshot with 50 tasks by default: 2 cores here.
+                "spark.databricks.delta.snapshotPartitions":
+                    str(self.spark_shuffle_partitions)}
         if self.spark_driver_java_options:
             conf["spark.driver.extraJavaOptions"] = self.spark_driver_java_options
         return conf

@@ -10,8 +10,10 @@ Delta tables written through delta-rs (schemas in ``schemas/tables``):
 
 Both are append-only: concurrent regions never update each other's rows, so two
 commits at once only race for the next table version, which delta-rs retries; we
-retry on top of that when it gives up. From the log we build the solver's problem
-for the live pipeline.
+retry on top of that when it gives up. Rows are read in the log's own order (the version
+that appended them), never by their ``recorded_at`` wall clock. delta-rs is the log's one
+writing engine (jobs, the CLI and Airflow tasks all append through it). From the log we
+build the solver's problem for the live pipeline.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pyarrow as pa
 
 from falkirk.errors import FalkirkError
 from falkirk.frontier import Edge, Entry, Problem, Region
-from falkirk.lake import TABLE_CONFIGURATION, read_table
+from falkirk.lake import TABLE_CONFIGURATION, AppendOrder
 from falkirk.schemas import arrow_schema
 from falkirk.times import DOMAINS, Domain, Offsets, project, shift
 from falkirk.topology import Pipeline
@@ -180,6 +182,7 @@ class EpochLog:
     def __init__(self, root: str, storage_options: dict[str, str] | None = None):
         self.root = root.rstrip("/")
         self.storage_options = storage_options or None
+        self._orders: dict[str, AppendOrder] = {}  # log table -> its commit order, cached
 
     @classmethod
     def from_config(cls, cfg=None) -> EpochLog:
@@ -223,24 +226,27 @@ class EpochLog:
     # ---- reading --------------------------------------------------------------------
 
     def _read(self, table: str, pipeline: str) -> list[dict]:
+        """A pipeline's rows of one log table, in the order they were appended."""
         from deltalake import DeltaTable
 
         uri = self.uri(table)
-        if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
-            return []
-        return read_table(uri, filters=[("pipeline", "=", pipeline)],
-                          storage_options=self.storage_options).to_pylist()
+        if table not in self._orders:
+            if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
+                return []
+            self._orders[table] = AppendOrder(uri, self.storage_options)
+        return self._orders[table].read(filters=[("pipeline", "=", pipeline)])
 
     def records(self, pipeline: str) -> list[EpochRecord]:
-        """Every row of a pipeline, in the order they were recorded."""
-        rows = sorted(self._read("epochs", pipeline), key=lambda r: r["recorded_at"])
-        return [EpochRecord.from_row(r) for r in rows]
+        """Every row of a pipeline, in the order they were appended to the log."""
+        return [EpochRecord.from_row(r) for r in self._read("epochs", pipeline)]
 
     def generation(self, pipeline: str) -> int:
-        """The current generation: the highest any epoch or rollback was recorded in."""
+        """The current generation: the highest any epoch, rollback or fence was recorded in
+        (a rollback that fenced regions and crashed before its plan still moved it on)."""
         epochs = (r.generation for r in self.records(pipeline))
         rollbacks = (r["generation"] for r in self._read("rollbacks", pipeline))
-        return max((*epochs, *rollbacks), default=0)
+        fences = (r["generation"] for r in self._read("fences", pipeline))
+        return max((*epochs, *rollbacks, *fences), default=0)
 
     def record_rollback(self, pipeline: str, rollback_id: str, generation: int, status: str,
                         request: dict, plan: dict) -> None:
@@ -250,12 +256,50 @@ class EpochLog:
             "plan": json.dumps(plan, sort_keys=True), "recorded_at": datetime.now(UTC),
         }])
 
+    def record_fence(self, pipeline: str, generation: int, regions: list[str]) -> None:
+        """A rollback to ``generation`` is about to stop ``regions``: from now on their jobs
+        (of older generations) may not record an epoch."""
+        self._append("fences", [{"pipeline": pipeline, "generation": generation,
+                                 "regions": json.dumps(sorted(regions)),
+                                 "recorded_at": datetime.now(UTC)}])
+
+    def fenced(self, pipeline: str, regions: Iterable[str], generation: int) -> int | None:
+        """The newest generation after ``generation`` that fenced one of ``regions``, or
+        None: a job of ``generation`` hosting them must not record another epoch."""
+        mine = set(regions)
+        found = [r["generation"] for r in self._read("fences", pipeline)
+                 if r["generation"] > generation and mine & set(json.loads(r["regions"]))]
+        return max(found, default=None)
+
     def record_end(self, pipeline: str, regions: Iterable[str], through: int,
                    generation: int) -> None:
         """The regions' input ended: no epoch after ``through`` will ever come."""
         now = datetime.now(UTC)
         self._append("ends", [{"pipeline": pipeline, "region": r, "through": through,
                                "generation": generation, "recorded_at": now} for r in regions])
+
+    def record_job_run(self, pipeline: str, job: str, regions: Iterable[str], generation: int,
+                       status: str, exit_code: int | None = None,
+                       last_epoch: int | None = None, message: str | None = None) -> None:
+        """A job process started, finished or failed (written by the job itself)."""
+        import socket
+
+        import psutil
+
+        me = psutil.Process()
+        self._append("job_runs", [{
+            "pipeline": pipeline, "job": job, "regions": json.dumps(sorted(regions)),
+            "generation": generation, "pid": me.pid, "host": socket.gethostname(),
+            "process_started": me.create_time(), "status": status, "exit_code": exit_code,
+            "last_epoch": last_epoch, "message": message, "recorded_at": datetime.now(UTC),
+        }])
+
+    def job_runs(self, pipeline: str) -> dict[str, dict]:
+        """Per job: its latest start or end row (see schemas/tables/job_runs.json)."""
+        out: dict[str, dict] = {}
+        for row in self._read("job_runs", pipeline):
+            out[row["job"]] = row
+        return out
 
     def ends(self, pipeline: str) -> dict[str, int]:
         """Per region whose input ended: its last epoch."""
@@ -270,7 +314,7 @@ class EpochLog:
 
     def checks(self, pipeline: str) -> list[dict]:
         """Every data-check result of a pipeline, oldest first."""
-        return sorted(self._read("checks", pipeline), key=lambda r: r["checked_at"])
+        return self._read("checks", pipeline)
 
     def passed_checks(self, pipeline: str) -> dict[str, set[tuple[int, int]]]:
         """Per region, the (epoch, generation) whose latest result of every check passed."""
@@ -288,7 +332,7 @@ class EpochLog:
 
     def rollbacks(self, pipeline: str) -> list[dict]:
         """Rollback rows, oldest first, with request and plan decoded."""
-        rows = sorted(self._read("rollbacks", pipeline), key=lambda r: r["recorded_at"])
+        rows = self._read("rollbacks", pipeline)
         return [{**r, "request": json.loads(r["request"]), "plan": json.loads(r["plan"])}
                 for r in rows]
 
@@ -303,7 +347,7 @@ class EpochLog:
     def collected(self, pipeline: str) -> dict[str, tuple[Any, dict | None]]:
         """Per logged edge: the time through which its log was dropped, and acked offsets."""
         out: dict[str, tuple[Any, dict | None]] = {}
-        for row in sorted(self._read("collected", pipeline), key=lambda r: r["recorded_at"]):
+        for row in self._read("collected", pipeline):
             out[row["edge"]] = (json.loads(row["through"]),
                                 None if row["offsets"] is None else json.loads(row["offsets"]))
         return out
@@ -414,3 +458,4 @@ class EpochLog:
             problem.regions[name] = region
         # The same checks as a problem file: a log that breaks them is reported, not solved.
         return Problem.from_json(problem.to_json(), origin=f"epoch log of {pipeline.name!r}")
+

@@ -9,9 +9,13 @@ always the case outside the trials and tests.
 
 The points:
 
-* ``writer:before-commit``: an epoch's Parquet files are written, its Delta commit not made;
+* ``writer:before-commit``: an epoch's output is computed (lazily) but not written: no
+  Delta commit made;
+* ``writer:after-commit``: the epoch's Delta commit is made, its epoch log row is not;
 * ``checkpoint:before-save``: the epoch's outputs are committed and its checkpoint's rows
   are ready, but the checkpoint's Delta commit (and so its epoch log row) is not made;
+* ``rollback:before-stop``: a rollback fenced the regions its plan affects, and is about to
+  stop their jobs;
 * ``rollback:after-first-table``: a rollback restored its first table and nothing more.
 """
 
@@ -20,7 +24,8 @@ from __future__ import annotations
 import os
 import signal
 
-POINTS = ("rollback:after-first-table", "writer:before-commit", "checkpoint:before-save")
+POINTS = ("rollback:before-stop", "rollback:after-first-table", "writer:before-commit",
+          "writer:after-commit", "checkpoint:before-save")
 ENV = "FALKIRK_CRASH_AT"
 
 _reached: dict[str, int] = {}  # point -> times this process reached it

@@ -49,8 +49,12 @@ def group_id(pipeline: str, region: str) -> str:
 
 
 def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog | None = None,
-            apply: bool = False, vacuum_retention_hours: float = 1.0) -> GcReport:
-    """Compute the low watermarks and (with ``apply``) drop what they allow."""
+            apply: bool = False, vacuum_retention_hours: float = 1.0,
+            spark: Any = None) -> GcReport:
+    """Compute the low watermarks and (with ``apply``) drop what they allow.
+
+    Rows of data tables are deleted with delta-spark (their one writing engine), in
+    ``spark`` or a session started only when there is something to delete."""
     cfg = cfg or load()
     log = epoch_log or EpochLog.from_config(cfg)
     problem = log.problem(pipeline)
@@ -102,17 +106,17 @@ def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog |
             report.collected[edge.name] = wm[edge.dst].to_json()
 
     if apply:
-        _apply(pipeline, cfg, log, report, logs, opts, vacuum_retention_hours)
+        _apply(pipeline, cfg, log, report, logs, opts, vacuum_retention_hours, spark)
     return report
 
 
 def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport, logs, opts,
-           retention_hours: float) -> None:
+           retention_hours: float, spark: Any) -> None:
     from deltalake import DeltaTable
 
     from falkirk.checkpoints import CheckpointStore
     from falkirk.delta import vacuum_orphans
-    from falkirk.kafka_source import commit_group_offsets
+    from falkirk.kafka_io import commit_group_offsets
 
     for region, keep_from in report.checkpoints.items():
         store = CheckpointStore.open(cfg.table("_falkirk_state", pipeline.name, region), opts)
@@ -126,7 +130,14 @@ def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport, log
     for table, epoch in report.deleted_through.items():
         uri = cfg.table(table)
         if DeltaTable.is_deltatable(uri, storage_options=opts):
-            DeltaTable(uri, storage_options=opts).delete(f"epoch <= {epoch}")
+            from delta.tables import DeltaTable as SparkTable
+            from pyspark.sql import functions as F
+
+            from falkirk.delta import spark_uri
+            from falkirk.spark import session
+
+            spark = spark or session(f"falkirk-gc-{pipeline.name}", cfg)
+            SparkTable.forPath(spark, spark_uri(uri)).delete(F.col("epoch") <= epoch)
     for topic, offsets in report.acknowledged.items():
         region = next(e.dst for e in pipeline.edges.values()
                       if e.kind == "kafka" and e.topic == topic and e.dst)

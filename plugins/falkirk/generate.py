@@ -414,38 +414,32 @@ class GroundTruth:
         }
 
 
-def source_table(
+def source_frame(
+    spark,
     records: Sequence[Record],
     topic: str,
     origin_ms: int,
     epoch_ms: int,
     partitions: int = EVENT_PARTITIONS,
 ):
-    """The event records as the falkirk_kafka source returns them, plus ``processing_epoch``.
+    """The event records as ``falkirk.kafka_io.read_range`` returns them (parsed by the
+    same Spark expressions), plus ``processing_epoch``: the rows ingest sees."""
+    import datetime as dt
 
-    Values are parsed by the source's own parser, so the rows are what ingest sees.
-    """
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql import functions as F
 
-    from falkirk.kafka_source import _ValueParser, parse_value_schema
+    from falkirk.kafka_io import parse_values
 
-    value_schema = parse_value_schema(ddl("records", "events"))
     placed = processing_epochs(records, origin_ms, epoch_ms, partitions)
-    columns, errors = _ValueParser(value_schema).parse([v for _, v, _ in records])
-    arrays = {
-        "topic": pa.array([topic] * len(records), pa.string()),
-        "partition": pa.array([p for p, _, _ in placed], pa.int32()),
-        "offset": pa.array([o for _, o, _ in placed], pa.int64()),
-        "key": pa.array([k.decode("utf-8", "replace") for k, _, _ in records], pa.string()),
-        "timestamp": pa.array([ts for _, _, ts in records], pa.int64()),
-        "value": pa.array([v.decode("utf-8", "replace") for _, v, _ in records], pa.string()),
-    }
-    for f, col in zip(value_schema.fields, columns, strict=True):
-        arrays[f.name] = pa.array(col, to_arrow_type(f.dataType))
-    arrays["error"] = pa.array(errors, pa.string())
-    arrays["processing_epoch"] = pa.array([e for _, _, e in placed], pa.int64())
-    return pa.table(arrays)
+    rows = [(k, v, topic, p, o, dt.datetime.fromtimestamp(ts / 1000, dt.UTC), 0, e)
+            for (k, v, ts), (p, o, e) in zip(records, placed, strict=True)]
+    raw = spark.createDataFrame(rows, "key binary, value binary, topic string, partition int, "
+                                      "offset long, timestamp timestamp, timestampType int, "
+                                      "processing_epoch long")
+    parsed = parse_values(raw, ddl("records", "events"))
+    epochs = raw.select("partition", "offset", "processing_epoch")
+    return parsed.join(epochs, ["partition", "offset"]).select(*parsed.columns,
+                                                                F.col("processing_epoch"))
 
 
 def ground_truth(
@@ -465,7 +459,7 @@ def ground_truth(
     from pyspark.sql import functions as F
 
     ingest = _ingest()
-    df = spark.createDataFrame(source_table(event_records, topic, origin_ms, epoch_ms, partitions))
+    df = source_frame(spark, event_records, topic, origin_ms, epoch_ms, partitions)
     events, dead = ingest.validate_at(df, F.col("processing_epoch"), origin_ms, epoch_ms)
     valid: dict[int, dict[str, int]] = {}
     for row in events.groupBy("epoch", "kind").count().collect():

@@ -9,6 +9,7 @@ listed) and exits cleanly. Light on imports: no Spark.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -27,6 +28,9 @@ TABLE_CONFIGURATION: dict[str, str | None] = {
     "delta.enableDeletionVectors": "false",
     "delta.columnMapping.mode": "none",
 }
+
+
+LOG_DIR = "_delta_log"
 
 
 class TableSchemaError(FalkirkError, ValueError):
@@ -108,3 +112,102 @@ def file_path(uri: str) -> str:
     """file:///x/y -> /x/y; /x/a%20b -> /x/a b (file_uris() percent-encodes local paths)."""
     parsed = urlparse(uri)
     return unquote(parsed.path) if parsed.scheme in ("file", "") else uri
+
+
+# ---------------------------------------------------------------------------------------------
+# A table's commit log
+
+
+class DeltaLogReader:
+    """Reads one table's commit files (immutable once written), caching them."""
+
+    def __init__(self, table_uri: str, storage_options: dict[str, str] | None = None):
+        self.table_uri = table_uri.rstrip("/")
+        self.storage_options = storage_options
+        self._fs: pafs.FileSystem | None = None
+        self._table: Any = None
+        self._commits: dict[int, list[dict[str, Any]]] = {}
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        if self._fs is None:
+            self._fs = table_filesystem(self.table_uri, self.storage_options)
+        return self._fs
+
+    def table(self) -> Any:
+        """The table at its latest version (a delta-rs ``DeltaTable``, reading only)."""
+        from deltalake import DeltaTable
+
+        if self._table is None:
+            self._table = DeltaTable(self.table_uri, storage_options=self.storage_options)
+        else:
+            self._table.update_incremental()
+        return self._table
+
+    def commit(self, version: int) -> list[dict[str, Any]]:
+        if version not in self._commits:
+            path = f"{LOG_DIR}/{version:020d}.json"
+            with self.fs.open_input_stream(path) as stream:
+                text = stream.read().decode("utf-8")
+            self._commits[version] = [json.loads(line) for line in text.splitlines() if line]
+        return self._commits[version]
+
+    def commit_info(self, version: int) -> dict[str, Any]:
+        return next((a["commitInfo"] for a in self.commit(version) if "commitInfo" in a), {})
+
+    def find_txn(self, app_id: str, epoch: int, newest: int, oldest: int = 0) -> int | None:
+        """The version whose commit carries the transaction ``(app_id, epoch)``, searching
+        from ``newest`` down to ``oldest``."""
+        for version in range(newest, oldest - 1, -1):
+            try:
+                actions = self.commit(version)
+            except FileNotFoundError:  # older commits left the log (log retention)
+                return None
+            for action in actions:
+                txn = action.get("txn")
+                if txn is not None and txn.get("appId") == app_id and txn.get("version") == epoch:
+                    return version
+        return None
+
+    def add_versions(self, since: int, through: int) -> dict[str, int]:
+        """Data file (relative path) -> the version that added it, for versions in
+        (since, through] whose commit files are still in the log."""
+        from urllib.parse import unquote
+
+        out: dict[str, int] = {}
+        for version in range(since + 1, through + 1):
+            try:
+                actions = self.commit(version)
+            except FileNotFoundError:  # left the log (log retention): older than the rest
+                continue
+            for action in actions:
+                if "add" in action:
+                    out[unquote(action["add"]["path"])] = version
+        return out
+
+
+class AppendOrder:
+    """Rows of an append-only table in the order they were committed: by the Delta version
+    that added their file, then their place in the file. The log's own order, which no
+    clock step can change (a ``recorded_at`` column is only a wall clock)."""
+
+    def __init__(self, table_uri: str, storage_options: dict[str, str] | None = None):
+        self.log = DeltaLogReader(table_uri, storage_options)
+        self._versions: dict[str, int] = {}
+        self._through = -1
+
+    def read(self, filters: list[tuple[str, str, Any]] | None = None) -> list[dict]:
+        table = self.log.table()
+        latest = table.version()
+        if latest > self._through:
+            self._versions.update(self.log.add_versions(self._through, latest))
+            self._through = latest
+        dataset = version_dataset(self.log.table_uri, latest, self.log.storage_options)
+        expression = pq.filters_to_expression(filters) if filters else None
+        parts = []
+        for fragment in dataset.get_fragments():
+            rows = fragment.to_table(filter=expression, schema=dataset.schema).to_pylist()
+            if rows:
+                parts.append((self._versions.get(fragment.path, -1), fragment.path, rows))
+        parts.sort(key=lambda p: (p[0], p[1]))
+        return [row for _, _, rows in parts for row in rows]

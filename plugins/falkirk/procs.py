@@ -74,7 +74,7 @@ def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
     out.close()
     (run_dir / f"{name}.json").write_text(json.dumps({
         "pid": proc.pid, "pgid": proc.pid, "job": job, "regions": jobs_of(pipeline)[job],
-        "started": time.time(), "command": cmd,
+        "started": time.time(), "process_started": process_started(proc.pid), "command": cmd,
     }))
     return proc
 
@@ -85,9 +85,20 @@ def running(pipeline: Pipeline, cfg: Config | None = None) -> list[dict]:
     out = []
     for f in sorted(folder.glob("*.json")) if folder.exists() else []:
         info = json.loads(f.read_text())
-        if alive(info["pid"]):
-            out.append(info)
+        if alive(info["pid"]) and process_started(info["pid"]) == info.get("process_started"):
+            out.append(info)  # the same process: a reused pid has another start time
     return out
+
+
+def process_started(pid: int) -> float | None:
+    """When the OS started process ``pid`` (None if there is none): a pid and its start
+    time name one process, even after the OS reuses the pid."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
 
 
 def alive(pid: int) -> bool:

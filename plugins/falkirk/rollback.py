@@ -4,10 +4,14 @@ consistent pipeline.
 1. Build the solver's problem from the epoch log and solve it: per region, the frontier
    it restores to. In a dry run, stop here and show the plan.
 2. Take the pipeline's rollback lock (a second rollback is refused while one runs).
-3. Record the rollback (with its plan and the new generation) before changing anything.
-4. Stop the jobs hosting affected regions (a hook: the supervisor or the caller's).
+3. Fence the affected regions (their jobs may no longer record an epoch: the new
+   generation is recorded for them) and stop the jobs hosting them (a hook: the
+   supervisor or the caller's); then plan again from the log as it is, until the plan
+   affects no region that still runs.
+4. Record the rollback (with its plan and the new generation) before changing anything.
 5. Restore every Delta output table of an affected region to the version its frontier
-   epoch committed; invalidate the later epochs in the log.
+   epoch committed (delta-spark's RESTORE, in a Spark session started for it); invalidate
+   the later epochs in the log.
 6. Record it done. Restarted regions read the new generation and their frontier from the
    log: their writers tag commits with it, so epochs they must write again are written
    (a RESTORE keeps the old transaction markers, delta-io/delta#1813).
@@ -110,8 +114,10 @@ class RollbackPlan:
         )
 
 
-def build_plan(pipeline: Pipeline, log: EpochLog, request: RollbackRequest) -> RollbackPlan:
-    """Solve the live problem and turn the frontiers into table restores and invalidations."""
+def build_plan(pipeline: Pipeline, log: EpochLog, request: RollbackRequest,
+               generation: int | None = None) -> RollbackPlan:
+    """Solve the live problem and turn the frontiers into table restores and invalidations
+    (in ``generation``, default: the one after the log's current generation)."""
     request.validate(pipeline)
     at_most = {}
     if request.region is not None:
@@ -163,7 +169,8 @@ def build_plan(pipeline: Pipeline, log: EpochLog, request: RollbackRequest) -> R
                 invalidate.append({"region": name, "time": r.time, "generation": r.generation})
     return RollbackPlan(
         rollback_id=uuid.uuid4().hex[:12], pipeline=pipeline.name,
-        generation=log.generation(pipeline.name) + 1, request=request,
+        generation=log.generation(pipeline.name) + 1 if generation is None else generation,
+        request=request,
         frontiers={n: f.to_json() for n, f in plan.frontiers.items()},
         current={n: (None if r.current is None else r.domain.dump(r.current))
                  for n, r in problem.regions.items()},
@@ -199,12 +206,23 @@ class RollbackExecutor:
     def __init__(self, pipeline: Pipeline, cfg: Config | None = None,
                  epoch_log: EpochLog | None = None,
                  stop_regions: Callable[[set[str]], None] | None = None,
-                 lock_dir: Path | None = None):
+                 lock_dir: Path | None = None, spark: Any = None):
         self.pipeline = pipeline
         self.cfg = cfg or load()
         self.log = epoch_log or EpochLog.from_config(self.cfg)
         self.stop_regions = stop_regions
         self.lock_dir = lock_dir or Path(self.cfg.var_dir) / "locks"
+        self._spark = spark
+
+    @property
+    def spark(self) -> Any:
+        """The Spark session that restores tables (delta-spark is their one writing engine),
+        started only when a rollback has a table to restore."""
+        if self._spark is None:
+            from falkirk.spark import session
+
+            self._spark = session(f"falkirk-rollback-{self.pipeline.name}", self.cfg)
+        return self._spark
 
     # -- the lock -------------------------------------------------------------------------
 
@@ -240,12 +258,21 @@ class RollbackExecutor:
 
     # -- running --------------------------------------------------------------------------
 
-    def plan(self, request: RollbackRequest) -> RollbackPlan:
-        return build_plan(self.pipeline, self.log, request)
+    def plan(self, request: RollbackRequest, generation: int | None = None) -> RollbackPlan:
+        return build_plan(self.pipeline, self.log, request, generation)
 
     def run(self, request: RollbackRequest,
-            progress: Callable[[str], None] | None = None) -> RollbackPlan:
-        """Plan, and unless it is a dry run, carry the plan out. Returns the plan."""
+            progress: Callable[[str], None] | None = None,
+            confirmed: dict[str, Any] | None = None) -> RollbackPlan:
+        """Plan, and unless it is a dry run, carry the plan out. Returns the plan.
+
+        The regions a plan affects are fenced (their jobs may no longer record epochs) and
+        stopped *before* the plan that is carried out is made, from the log as it is then:
+        an epoch committed between a first plan and the stop is in the final plan, never
+        left ``committed`` over data the restore removes. ``confirmed``: the frontiers the
+        operator confirmed (a dry run's); a plan that differs is refused, the difference
+        shown, nothing restored.
+        """
         say = progress or (lambda _msg: None)
         if request.dry_run:
             return self.plan(request)
@@ -254,26 +281,61 @@ class RollbackExecutor:
             if pending is not None:
                 plan = RollbackPlan.from_json(pending["plan"])
                 say(f"resuming rollback {plan.rollback_id} that did not finish")
-            else:
-                plan = self.plan(request)
-                self.log.record_rollback(self.pipeline.name, plan.rollback_id, plan.generation,
-                                         "started", asdict(plan.request), plan.to_json())
-            self._carry_out(plan, say)
+                if plan.affected and self.stop_regions is not None:
+                    self.stop_regions(plan.affected)  # restarted meanwhile, maybe
+                self._carry_out(plan, say)
+                self._done(plan, say)
+                if asdict(plan.request) != asdict(request):
+                    raise RollbackError(
+                        f"rollback {plan.rollback_id} had crashed and was resumed first "
+                        f"({plan.request.reason!r}); this request ({request.reason!r}) was "
+                        "not carried out: look at a new dry run, then ask again")
+                return plan
+            plan = self._stop_then_plan(request, say)
+            if confirmed is not None and confirmed != plan.frontiers:
+                moved = {r: {"confirmed": confirmed.get(r), "now": f}
+                         for r, f in plan.frontiers.items() if confirmed.get(r) != f}
+                raise RollbackError(
+                    f"the plan changed since it was confirmed (the streams ran on until "
+                    f"stopped): {json.dumps(moved, sort_keys=True)}; nothing was restored. "
+                    "Look at a new dry run, then ask again")
             self.log.record_rollback(self.pipeline.name, plan.rollback_id, plan.generation,
-                                     "done", asdict(plan.request), plan.to_json())
-            say(f"rollback {plan.rollback_id} done: generation {plan.generation}")
+                                     "started", asdict(plan.request), plan.to_json())
+            self._carry_out(plan, say)
+            self._done(plan, say)
         return plan
+
+    def _stop_then_plan(self, request: RollbackRequest,
+                        say: Callable[[str], None]) -> RollbackPlan:
+        """Fence and stop every region a plan affects, then plan again from the log as it
+        is, until the plan affects no region that still runs (a fixed point: each round
+        stops at least one more region)."""
+        fenced: set[str] = set()
+        generation = self.log.generation(self.pipeline.name) + 1
+        while True:
+            plan = self.plan(request, generation)
+            more = plan.affected - fenced
+            if not more:
+                return plan
+            fenced |= more
+            self.log.record_fence(self.pipeline.name, plan.generation, sorted(fenced))
+            if self.stop_regions is not None:
+                say(f"stopping {', '.join(sorted(more))}")
+                maybe_crash("rollback:before-stop")
+                self.stop_regions(more)
+
+    def _done(self, plan: RollbackPlan, say: Callable[[str], None]) -> None:
+        self.log.record_rollback(self.pipeline.name, plan.rollback_id, plan.generation,
+                                 "done", asdict(plan.request), plan.to_json())
+        say(f"rollback {plan.rollback_id} done: generation {plan.generation}")
 
     def _carry_out(self, plan: RollbackPlan, say: Callable[[str], None]) -> None:
         from falkirk.delta import rollback_table
 
         affected = plan.affected
-        if affected and self.stop_regions is not None:
-            say(f"stopping {', '.join(sorted(affected))}")
-            self.stop_regions(affected)
         for t in plan.tables:
             say(f"restoring table {t.table} to version {t.to_version} ({t.region})")
-            rollback_table(self.cfg.table(t.table), t.to_version,
+            rollback_table(self.spark, self.cfg.table(t.table), t.to_version,
                            self.cfg.delta_storage_options or None)
             maybe_crash("rollback:after-first-table")
         for region in sorted(affected):

@@ -7,11 +7,12 @@ by unlogged edges (records passed inside the job). The runner drives the job's e
    the epoch's end in every partition (found with the broker's time index, records are
    stamped with their event time), or the partition's end-of-stream marker; a logged
    Delta edge has the sender's epoch ``e - delay`` committed in the epoch log;
-2. log ``running``; read the epoch's input (Kafka: exactly the offset range of the cut;
-   Delta: the table at the version the sender logged);
+2. log ``running``; read the epoch's input (Kafka: exactly the offset range of the cut,
+   with Spark's Kafka connector; Delta: the table at the version the sender logged);
 3. run the job's pure transforms (the job's :class:`JobLogic`);
-4. commit outputs: Delta edges through the exactly-once writer (app transaction per
-   region and generation), Kafka outputs produced (clients keep the latest per key);
+4. commit outputs: Delta edges through the exactly-once writer (delta-spark, app
+   transaction per region and generation), Kafka outputs produced with Spark's Kafka
+   connector (acks=all; clients keep the latest per key);
 5. persist state as the regime says: eager every epoch, lazy every K epochs (incremental
    checkpoints: only keys that changed); ephemeral and batch keep none;
 6. log ``committed`` (or ``checkpointed``) with the input ranges, output versions and
@@ -72,8 +73,8 @@ class EpochClock:
 
     @classmethod
     def of(cls, pipeline: Pipeline) -> EpochClock:
-        s = pipeline.settings
-        return cls(int(s.get("origin_ms", 0)), int(s.get("epoch_seconds", 60) * 1000))
+        s = pipeline.settings  # both validated as required (topology.PipelineSettings)
+        return cls(int(s["origin_ms"]), int(s["epoch_seconds"] * 1000))
 
 
 class KafkaCut:
@@ -307,7 +308,7 @@ class JobRunner:
 
         key = (region, edge.table)
         if key not in self.writers:
-            w = EpochWriter(self.cfg.table(edge.table), region, self.generation,
+            w = EpochWriter(self.spark, self.cfg.table(edge.table), region, self.generation,
                             arrow_schema("tables", edge.table_schema),
                             self.cfg.delta_storage_options or None)
             w.ensure_table()
@@ -411,7 +412,7 @@ class JobRunner:
 
     def process_epoch(self, e: int, where: dict) -> None:
         from falkirk.delta import read_version
-        from falkirk.kafka_source import read_range
+        from falkirk.kafka_io import produce, read_range
 
         started = time.monotonic()
         active = {r for r in self.regions if self.done[r] < e}
@@ -499,6 +500,7 @@ class JobRunner:
                                     state_ref=state_ref, note=f"pid {os.getpid()}"))
             self.done[r] = e
         if self.persist:
+            self._check_fence(e)
             self.log.record(*rows)
         self.logic.finish_epoch(ctx)
         for name, (_, end) in ((k, v) for k, v in where.items() if k in self.positions):
@@ -509,6 +511,17 @@ class JobRunner:
                   for k, v in ranges.items() if "to" in v}
         self.timings.append((e, seconds, time.time(), counts))
         log.info("epoch %d done by %s in %.1f s", e, "+".join(sorted(active)), seconds)
+
+    def _check_fence(self, e: int) -> None:
+        """Refuse to record epoch ``e`` once a rollback fenced one of our regions: it is
+        stopping this job and plans from the log as it is, so a row recorded now could
+        say ``committed`` over data its restore removes."""
+        newer = self.log.fenced(self.pipeline.name, self.regions, self.generation)
+        if newer is not None:
+            raise RuntimeFailure(
+                f"pipeline {self.pipeline.name!r}, job {'+'.join(self.regions)} (generation "
+                f"{self.generation}): a rollback to generation {newer} fenced it; epoch {e} "
+                "is not recorded")
 
     def _time(self, region: str, e: int) -> Any:
         return time_of(self.pipeline.regions[region].domain, e)
@@ -648,32 +661,6 @@ def _spark_schema(schema: pa.Schema):
     return from_arrow_schema(schema)
 
 
-def produce(df: Any, bootstrap: str, topic: str) -> int:
-    """Send a DataFrame of ``key`` and ``value`` strings to a topic; return how many.
-
-    Produced from the executors. At-least-once: a rerun sends identical records again
-    and readers keep the latest per key.
-    """
-    if df.columns != ["key", "value"]:
-        raise RuntimeFailure(f"output for topic {topic!r} must have columns key, value; "
-                             f"got {df.columns}")
-
-    def send(rows):
-        from kafka import KafkaProducer
-
-        producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
-        n = 0
-        for key, value in rows:
-            producer.send(topic, key=None if key is None else key.encode(),
-                          value=None if value is None else value.encode())
-            n += 1
-        producer.flush()
-        producer.close()
-        yield n
-
-    return sum(df.rdd.mapPartitions(send).collect())
-
-
 # ---- the entry point of every job -------------------------------------------------------
 
 
@@ -695,32 +682,45 @@ def parser(logic: JobLogic) -> argparse.ArgumentParser:
 
 def main(logic: JobLogic, argv: list[str] | None = None) -> int:
     """Run a job: ``spark-submit jobs/<job>.py --pipeline reference [--until-epoch N]``."""
-    from falkirk.spark import register_sources, session
+    from falkirk.spark import session
     from falkirk.topology import load_pipeline
 
     args = parser(logic).parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    runs: tuple[EpochLog, str, str, int] | None = None  # where this run's end is recorded
+    last: int | None = None
     try:
         pipeline = load_pipeline(args.pipeline)
         spark = session(f"falkirk-{pipeline.name}-{'+'.join(logic.regions)}")
-        register_sources(spark)
         start = None
         until = args.until_epoch
         if args.epoch is not None:
             start = {r: args.epoch - 1 for r in logic.regions}
             until = args.epoch
         runner = JobRunner(pipeline, logic, spark, start=start)
+        job = pipeline.regions[logic.regions[0]].job or type(logic).__name__
+        runs = (runner.log, pipeline.name, job, runner.generation)
+        runner.log.record_job_run(pipeline.name, job, logic.regions, runner.generation,
+                                  "started")
         try:
             last = runner.run(until_epoch=until, poll_s=args.poll,
                               idle_timeout_s=args.idle_timeout)
         finally:
             runner.close()
         log.info("%s: done through epoch %d", "+".join(logic.regions), last)
-        code = 0
+        code, message = 0, None
     except FalkirkError as exc:
         log.error("%s", exc)
-        code = 2
+        code, message = 2, str(exc)
+    except Exception as exc:  # a bug: say so in the log of runs too, then fail
+        log.exception("%s failed", "+".join(logic.regions))
+        code, message = 1, f"{type(exc).__name__}: {exc}"
+    if runs is not None:  # the supervisor reads how the job ended from here
+        epoch_log, pipeline_name, job, generation = runs
+        epoch_log.record_job_run(pipeline_name, job, logic.regions, generation,
+                                 "finished" if code == 0 else "failed", exit_code=code,
+                                 last_epoch=last, message=(message or "")[:500] or None)
     # Stop Spark, then exit hard: delta-rs can abort an interpreter at exit after all
     # work is done (delta-io/delta-rs#2184), which would look like a failed job.
     from pyspark.sql import SparkSession

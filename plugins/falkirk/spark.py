@@ -22,9 +22,10 @@ def conform(df, table: str):
 def dead_letters(rows, epoch):
     """The ``dead_letters`` rows of source records that failed a check.
 
-    ``rows``: records from the falkirk_kafka source with a ``_reason`` column (the first
-    check they failed); ``epoch``: the epoch being processed (a Column). The raw value is
-    kept, with its topic, partition and offset, so nothing malformed is lost.
+    ``rows``: records as ``falkirk.kafka_io.read_range`` returns them, with a ``_reason``
+    column (the first check they failed); ``epoch``: the epoch being processed (a Column).
+    The raw value is kept, with its topic, partition and offset, so nothing malformed is
+    lost.
     """
     from pyspark.sql import functions as F
 
@@ -38,8 +39,9 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     """A Spark session for this machine's profile.
 
     local[2] with 2 shuffle partitions (2 cores), bound to 127.0.0.1, the Python
-    workers on this venv's interpreter (else they cannot import pyarrow), and the
-    RocksDB state store with changelog checkpointing for Spark's own in-query recovery.
+    workers on this venv's interpreter (else they cannot import pyarrow), the RocksDB
+    state store with changelog checkpointing for Spark's own in-query recovery, and (from
+    ``Config.spark_launch_conf``) the Kafka connector and delta-spark jars bin/setup fetched.
     """
     from pyspark.sql import SparkSession
 
@@ -69,12 +71,3 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
-
-
-def register_sources(spark) -> None:
-    """Make ``format("falkirk_kafka")`` and ``format("falkirk_delta")`` available."""
-    from falkirk.delta import register_source
-    from falkirk.kafka_source import KafkaDataSource
-
-    spark.dataSource.register(KafkaDataSource)
-    register_source(spark)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from falkirk.errors import FalkirkError
 from falkirk.times import DOMAINS, ITERATION
@@ -23,6 +25,36 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 class TopologyError(FalkirkError, ValueError):
     """A pipeline declaration that cannot run; the message says where and why."""
+
+
+class ChecksSettings(BaseModel):
+    """``settings.checks``: how data checks gate and react (docs/pipeline-yaml.md)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    hold: bool = False  # receivers read only epochs whose checks passed
+    on_failure: Literal["quarantine", "rollback"] = "quarantine"
+    pandas_max_rows: int = Field(1_000_000, ge=0)  # larger epochs go to GX's Spark engine
+
+
+class PipelineSettings(BaseModel):
+    """``settings``: what every region's epochs depend on. No defaults for what changes
+    results: an epoch length or origin a user forgot would cut other epochs silently.
+    Further keys are the application's own (read by its jobs)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    epoch_seconds: float = Field(gt=0)  # epochs are event-time windows of this length
+    origin_ms: int = Field(ge=0)  # the start of epoch 0, in epoch milliseconds
+    checks: ChecksSettings = Field(default_factory=ChecksSettings)
+
+
+def _settings_error(exc: ValidationError) -> str:
+    """Pydantic's errors as 'settings.<key>: <rule> (got <value>)', one per line."""
+    parts = []
+    for err in exc.errors():
+        key = ".".join(str(x) for x in ("settings", *err["loc"]))
+        got = "" if err["type"] == "missing" else f" (got {err['input']!r})"
+        parts.append(f"{key}: {err['msg'].lower()}{got}")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -107,7 +139,26 @@ class Pipeline:
             raise TopologyError(f"{path}: cannot read: {exc.strerror}") from None
         except yaml.YAMLError as exc:
             raise TopologyError(f"{path}: not valid YAML: {exc}") from None
-        return cls.from_dict(raw, origin=str(path))
+        pipeline = cls.from_dict(raw, origin=str(path))
+        pipeline.check_files()
+        return pipeline
+
+    def check_files(self) -> None:
+        """Every job entry point and table schema the declaration names exists: found now,
+        not when a job starts (or, worse, when its first epoch writes)."""
+        from falkirk.config import REPO_ROOT
+        from falkirk.schemas import SCHEMAS_DIR
+
+        for spec in self.regions.values():
+            if spec.job and not (REPO_ROOT / spec.job).is_file():
+                raise TopologyError(f"{self.source}: region {spec.name!r}: job file "
+                                    f"{spec.job} not found (looked in {REPO_ROOT})")
+        for e in self.edges.values():
+            if e.kind == "delta" and e.src is not None:
+                path = SCHEMAS_DIR / "tables" / f"{e.table_schema}.json"
+                if not path.is_file():
+                    raise TopologyError(f"{self.source}: edge {e.name!r}: table schema "
+                                        f"{path} not found")
 
     @classmethod
     def from_dict(cls, raw: Any, origin: str = "pipeline") -> Pipeline:
@@ -207,7 +258,25 @@ class Pipeline:
             edges[ename] = EdgeSpec(ename, kind, src, dst, spec.get("topic"), partitions,
                                     spec.get("table"), delay, spec.get("schema"))
 
-        pipeline = cls(name, regions, edges, dict(raw.get("settings") or {}), origin)
+        writers: dict[str, set[str]] = {}
+        for e in edges.values():
+            if e.kind == "delta" and e.src is not None:
+                writers.setdefault(e.table, set()).add(e.src)
+        for table, srcs in writers.items():
+            if len(srcs) > 1:
+                raise fail(f"table {table!r}", f"written by regions {sorted(srcs)}: a rollback "
+                           "restores a table as one region wrote it, which would undo the "
+                           "other's epochs; give each region its own table")
+        raw_settings = raw.get("settings")
+        if raw_settings is None:
+            raise fail("settings", "missing: declare at least epoch_seconds and origin_ms")
+        if not isinstance(raw_settings, dict):
+            raise fail("settings", "expected a mapping")
+        try:
+            settings = PipelineSettings.model_validate(raw_settings)
+        except ValidationError as exc:
+            raise TopologyError(f"{origin}: {_settings_error(exc)}") from None
+        pipeline = cls(name, regions, edges, settings.model_dump(), origin)
         pipeline._check_cycles(fail)
         return pipeline
 

@@ -31,7 +31,7 @@ def origin(pipeline: Pipeline) -> datetime:
 
 
 def epoch_length(pipeline: Pipeline) -> timedelta:
-    return timedelta(seconds=pipeline.settings.get("epoch_seconds", 10))
+    return timedelta(seconds=pipeline.settings["epoch_seconds"])
 
 
 def epoch_of(pipeline_name: str, data_interval_start: datetime) -> int:

@@ -93,15 +93,17 @@ def roll_back(params: dict[str, Any], ti: Any) -> dict:
     pipeline, request = request_from_params(params, dry_run=False)
     executor = RollbackExecutor(pipeline,
                                 stop_regions=lambda regions: procs.stop_regions(pipeline, regions))
-    try:
-        done = executor.run(request, progress=log.info)
-    except FalkirkError as exc:
-        raise AirflowFailException(str(exc)) from None
     planned = ti.xcom_pull(task_ids="plan") or {}
-    if planned.get("frontiers") != done.frontiers:
-        log.warning("the frontiers moved between the plan and the rollback (the streams "
-                    "ran on until paused): carried out %s, planned %s",
-                    done.frontiers, planned.get("frontiers"))
+    try:  # exactly the plan the run showed, or a refusal naming what moved
+        done = executor.run(request, progress=log.info, confirmed=planned.get("frontiers"))
+    except FalkirkError as exc:
+        # Nothing was restored: the streams paused for this run go on as they were.
+        stopped = ti.xcom_pull(task_ids="pause_streams") or []
+        streams.pause_marker(pipeline).unlink(missing_ok=True)
+        restarted = streams.start_streams(pipeline, only=sorted(
+            set(stopped) & set(streams.stream_jobs(pipeline))))
+        raise AirflowFailException(f"{exc} (restarted {sorted(restarted) or 'nothing'})"
+                                   ) from None
     return _publish(ti, done, pipeline)
 
 

@@ -6,7 +6,6 @@ entry point; jobs hosting only batch regions are Airflow's to schedule, one run 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from falkirk import procs
@@ -14,8 +13,6 @@ from falkirk.config import Config, load
 from falkirk.topology import Pipeline
 
 STREAM_ARGS: list[str] = []  # no idle timeout: a stream waits for input as long as it takes
-# The runtime's last line when a job ends well ("<regions>: done through epoch N").
-_RUNTIME_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \w+ falkirk\.runtime: (.*)$")
 
 
 def stream_jobs(pipeline: Pipeline) -> dict[str, list[str]]:
@@ -26,16 +23,14 @@ def stream_jobs(pipeline: Pipeline) -> dict[str, list[str]]:
 
 log_file = procs.log_file  # where a job writes its output
 
+
 def finished_cleanly(pipeline: Pipeline, job: str, cfg: Config | None = None) -> bool:
-    """The job's last runtime line says it is done (its input ended): not a death."""
-    path = log_file(pipeline, job, cfg)
-    if not path.exists():
-        return False
-    with open(path, "rb") as f:
-        f.seek(max(0, path.stat().st_size - 16384))
-        tail = f.read().decode(errors="replace").splitlines()
-    last = [m.group(1) for m in map(_RUNTIME_LINE.match, tail) if m]
-    return bool(last) and "done through epoch" in last[-1]
+    """The job's own latest row in the log of job runs says it finished (exit code 0: its
+    input ended or it reached its bound): not a death. A killed job wrote no end row."""
+    from falkirk.epochlog import EpochLog
+
+    row = EpochLog.from_config(cfg or load()).job_runs(pipeline.name).get(job)
+    return row is not None and row["status"] == "finished" and row["exit_code"] == 0
 
 
 def pause_marker(pipeline: Pipeline, cfg: Config | None = None) -> Path:

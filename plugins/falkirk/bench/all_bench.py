@@ -51,7 +51,7 @@ FIGURES = [
     Figure("solver at 10k regions: index + solve", "solver", "index_solve_s", 1.0, False, "s"),
     Figure("solver: incremental update after a new checkpoint (median)", "solver",
            "incremental_ms_median", 10.0, False, "ms"),
-    Figure("Kafka source / raw consumer (sustained)", "kafka", "ratio", 0.7, True, "×"),
+    Figure("Kafka connector / raw consumer (sustained)", "kafka", "ratio", 0.7, True, "×"),
     Figure("exactly-once writer / plain Parquet write", "delta", "ratio", 0.8, True, "×"),
 ]
 

@@ -57,7 +57,7 @@ def main(args: Namespace) -> dict:
 
     from falkirk import generate
     from falkirk.harness import LocalRun
-    from falkirk.spark import register_sources, session
+    from falkirk.spark import session
 
     console = Console()
     epochs = args.epochs
@@ -68,7 +68,6 @@ def main(args: Namespace) -> dict:
             events = args.events or 20_000
             summary = run.generate(events=events, queries=events // 10, epochs=epochs, seed=11)
         spark = session("falkirk-bench-regimes")
-        register_sources(spark)
         rates: dict[str, list[float]] = {"all-ephemeral": [], "four regimes": []}
         for rnd in range(args.rounds):
             for name, persist in (("all-ephemeral", False), ("four regimes", True)):

@@ -1,0 +1,51 @@
+"""The JVM jars from Maven Central: present and complete, or a clear error naming bin/setup."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from falkirk import jars
+from falkirk.config import load
+
+
+@pytest.fixture
+def jar_root(tmp_path, monkeypatch):
+    """A copy of the fetched jar folders that a test may damage."""
+    for name in jars.SETS:
+        shutil.copytree(jars.JVM_DIR / "lib" / name, tmp_path / name)
+    monkeypatch.setenv("FALKIRK_JARS_DIR", str(tmp_path))
+    jars._checked.cache_clear()
+    yield tmp_path
+    jars._checked.cache_clear()
+
+
+def test_the_fetched_jars_are_the_pinned_ones(jar_root):
+    names = {p.rsplit("/", 1)[-1] for p in jars.jars("spark")}
+    assert "spark-sql-kafka-0-10_2.13-4.2.0.jar" in names
+    assert "delta-spark_4.2_2.13-4.4.0.jar" in names
+    assert not any(n.startswith(("scala-library", "hadoop-client")) for n in names), \
+        "jars pyspark ships must not be given twice"
+    assert "kafka_2.13-4.2.0.jar" in jars.kafka_classpath()
+    assert load().spark_launch_conf["spark.jars"] == jars.spark_jars()
+
+
+def test_missing_jars_name_bin_setup(jar_root):
+    shutil.rmtree(jar_root / "spark")
+    with pytest.raises(jars.JarsError, match="run bin/setup") as err:
+        load().spark_launch_conf  # noqa: B018 - what every Spark driver's settings come from
+    assert str(jar_root / "spark") in str(err.value)
+
+
+def test_an_incomplete_fetch_is_refused(jar_root):
+    (jar_root / "kafka" / jars.STAMP).unlink()  # the copy never finished
+    with pytest.raises(jars.JarsError, match="do not match jvm/kafka/pom.xml"):
+        jars.kafka_classpath()
+
+
+def test_a_corrupt_jar_is_named(jar_root):
+    jar = next((jar_root / "spark").glob("delta-spark*.jar"))
+    jar.write_bytes(jar.read_bytes()[:1000])  # a cut download
+    with pytest.raises(jars.JarsError, match="delta-spark.*is corrupt"):
+        jars.spark_jars()
