@@ -12,4 +12,9 @@ if [ -z "${SPARK_LOCAL_HOSTNAME:-}" ]; then
   SPARK_LOCAL_HOSTNAME=$(python -c 'import socket; print(socket.gethostname())')
   export SPARK_LOCAL_HOSTNAME
 fi
+# The Airflow admin's password comes from the environment (.env), never from the image.
+if [ -n "${FALKIRK_AIRFLOW_PASSWORD:-}" ] && [ -n "${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-}" ]; then
+  (umask 077; printf '{"admin": "%s"}\n' "$FALKIRK_AIRFLOW_PASSWORD" \
+    > "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE")
+fi
 exec "$@"

@@ -54,11 +54,10 @@ RUN set -eux; \
 
 # A non-root user (uid 50000, group 0 as in Airflow's own image); the folders that
 # compose mounts named volumes on are created here so the volumes inherit the owner.
-# passwords.json: SimpleAuthManager's known login, admin/admin as bin/airflow's.
+# passwords.json: written at start by docker/entrypoint.sh from FALKIRK_AIRFLOW_PASSWORD.
 RUN set -eux; \
     useradd --uid 50000 --gid 0 --create-home --home-dir /home/falkirk falkirk; \
     mkdir -p /opt/airflow/logs /opt/falkirk/var /opt/ivy; \
-    echo '{"admin": "admin"}' > /opt/airflow/passwords.json; \
     chown -R falkirk:0 /opt/airflow /opt/falkirk/var /opt/ivy; \
     chmod -R g+rwX /opt/airflow /opt/falkirk/var /opt/ivy
 

@@ -22,6 +22,8 @@ from falkirk.config import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
+TEST_PASSWORD = "falkirk-test"  # this test's own Airflow login (bin/airflow generates one)
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -38,7 +40,8 @@ def live_airflow(tmp_path_factory):
     cfg = make_reference_world(root / "world")
     port = _free_port()
     env = {**os.environ, "FALKIRK_AIRFLOW_HOME": str(root / "airflow"),
-           "FALKIRK_LAKE": cfg.lake, "FALKIRK_VAR_DIR": cfg.var_dir}
+           "FALKIRK_LAKE": cfg.lake, "FALKIRK_VAR_DIR": cfg.var_dir,
+           "FALKIRK_AIRFLOW_PASSWORD": TEST_PASSWORD}
     for k in [k for k in env if k.startswith("AIRFLOW")]:
         env.pop(k)  # the instance's own settings only
     bin_airflow = str(REPO_ROOT / "bin" / "airflow")
@@ -64,7 +67,8 @@ def _call(url: str, token: str | None = None, body: dict | None = None) -> tuple
 
 
 def _token(url: str) -> str:
-    status, body = _call(f"{url}/auth/token", body={"username": "admin", "password": "admin"})
+    status, body = _call(f"{url}/auth/token",
+                         body={"username": "admin", "password": TEST_PASSWORD})
     assert status in (200, 201), body
     return json.loads(body)["access_token"]
 
@@ -238,7 +242,7 @@ def test_browser_dry_run_and_plan_tab(live_airflow):
             expect(page.get_by_role("button", name="Sign in")).to_be_visible()
             _shot(page, "01-login-redirect")
             page.get_by_label("Username").fill("admin")
-            page.get_by_label("Password").fill("admin")
+            page.get_by_label("Password").fill(TEST_PASSWORD)
             page.get_by_role("button", name="Sign in").click()
             page.wait_for_url(f"{url}/dags/falkirk_rollback")
 

@@ -119,3 +119,16 @@ def test_missing_broker_jars_name_bin_setup(tmp_path, monkeypatch):
             LocalBroker(tmp_path / "b").start()
     finally:
         jars._checked.cache_clear()
+
+
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch):
+    """The storage tool reads ``-t -abc…`` as a missing value (seen: 1 format in 64 failed)."""
+    import uuid
+
+    from falkirk import broker as broker_module
+
+    dash_first = uuid.UUID(bytes=b"\xf8" + bytes(15))  # urlsafe base64 "-A…"
+    plain = uuid.UUID(bytes=bytes(16))
+    drawn = iter([dash_first, plain])
+    monkeypatch.setattr(broker_module.uuid, "uuid4", lambda: next(drawn))
+    assert broker_module._new_cluster_id() == "AAAAAAAAAAAAAAAAAAAAAA"

@@ -110,7 +110,8 @@ def test_on_failure_rollback_asks_the_rollback_dag_for_the_last_good_epoch(world
     from falkirk.checks import Report
 
     cfg, log, _, _ = world
-    pipe = Pipeline.from_dict({**PIPE_DICT, "settings": {"checks": {"on_failure": "rollback"}}})
+    settings = {**PIPE_DICT["settings"], "checks": {"on_failure": "rollback"}}
+    pipe = Pipeline.from_dict({**PIPE_DICT, "settings": settings})
     row = log.regions(pipe)["ingest"].entries[3]
     log.record(replace(row, status="quarantined", recorded_at=None, note="test"))
     v = Validator(pipe, None, cfg, log, docs=False)

@@ -25,7 +25,15 @@ COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "docker" / "falkirk.Dockerfile"
 SPARK_DEFAULTS = REPO_ROOT / "docker" / "spark" / "spark-defaults.conf"
 CFG = PROFILES["compose"]
-STORAGE = CFG.delta_storage_options
+STORAGE = CFG.delta_storage_options  # without the credentials: those come from .env
+SECRETS = {"FALKIRK_S3_ACCESS_KEY": "AWS_ACCESS_KEY_ID", "FALKIRK_S3_SECRET_KEY":
+           "AWS_SECRET_ACCESS_KEY", "FALKIRK_POSTGRES_PASSWORD": None,
+           "FALKIRK_AIRFLOW_SECRET": None, "FALKIRK_AIRFLOW_PASSWORD": None}
+
+
+def _secret(variable: str) -> str:
+    """How compose reads a secret: from .env, refusing to start without it."""
+    return "${" + variable + ":?set in .env, see docs/compose.md}"
 AIRFLOW_COMPONENTS = {"api-server", "scheduler", "dag-processor", "triggerer"}
 
 
@@ -91,9 +99,22 @@ def test_docker_compose_config_accepts_the_file():
     if exe is None:  # bin/setup installs it: under CI a missing one is a failure
         (pytest.fail if os.environ.get("CI") else pytest.skip)(
             "docker-compose not installed: run bin/setup")
+    env = {**os.environ, **{v: f"test-{v.lower()}" for v in SECRETS}}  # as .env would
     result = subprocess.run([exe, "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, f"docker-compose config -q failed:\n{result.stderr}"
+    bare = {k: v for k, v in os.environ.items() if k not in SECRETS}
+    refused = subprocess.run([exe, "-f", str(COMPOSE_FILE), "config", "-q"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=120, env=bare)
+    assert refused.returncode != 0 and "see docs/compose.md" in refused.stderr
+
+
+def test_no_secret_is_written_in_the_compose_files():
+    """Credentials and passwords are read from .env, never kept in the repository."""
+    text = COMPOSE_FILE.read_text() + SPARK_DEFAULTS.read_text() + DOCKERFILE.read_text()
+    for word in ("falkirk-secret", "change-me", '"admin": "admin"',
+                 "access.key", "secret.key", "POSTGRES_PASSWORD: airflow"):
+        assert word not in text, word
 
 
 # --- consistency with falkirk.config's compose profile ----------------------------------------
@@ -168,6 +189,9 @@ def test_every_storage_option_is_in_the_env_of_every_falkirk_service(services):
         env = _env(service)
         for key, value in STORAGE.items():
             assert env.get(key) == value, f"{name}: {key}={env.get(key)!r}, config: {value!r}"
+        for variable, key in SECRETS.items():
+            if key is not None:
+                assert env.get(key) == _secret(variable), f"{name}: {key}"
 
 
 def test_storage_options_match_the_minio_service(services):
@@ -175,8 +199,8 @@ def test_storage_options_match_the_minio_service(services):
     assert endpoint.hostname in services, f"no service {endpoint.hostname!r}"
     minio = services[endpoint.hostname]
     env = _env(minio)
-    assert env["MINIO_ROOT_USER"] == STORAGE["AWS_ACCESS_KEY_ID"]
-    assert env["MINIO_ROOT_PASSWORD"] == STORAGE["AWS_SECRET_ACCESS_KEY"]
+    assert env["MINIO_ROOT_USER"] == _secret("FALKIRK_S3_ACCESS_KEY")
+    assert env["MINIO_ROOT_PASSWORD"] == _secret("FALKIRK_S3_SECRET_KEY")
     assert env["MINIO_SITE_REGION"] == STORAGE["AWS_REGION"]
     cmd = _command(minio)
     assert cmd[cmd.index("--address") + 1] == f":{endpoint.port}"
@@ -192,12 +216,12 @@ def test_lake_bucket_is_created_by_the_minio_init_service(services):
     init = creators["minio-init"]
     alias, bucket = _command(init)[-1].split("/", 1)
     assert bucket == lake.hostname, f"creates bucket {bucket!r}, the lake is in {lake.hostname!r}"
-    target = urlparse(_env(init)[f"MC_HOST_{alias}"])  # mc's alias from the environment
+    # mc's alias from the environment: http://KEY:SECRET@host:port, the keys from .env.
+    credentials, _, address = _env(init)[f"MC_HOST_{alias}"].rpartition("@")
     endpoint = urlparse(STORAGE["AWS_ENDPOINT_URL"])
-    assert (target.scheme, target.hostname, target.port) == \
-        (endpoint.scheme, endpoint.hostname, endpoint.port)
-    assert (target.username, target.password) == \
-        (STORAGE["AWS_ACCESS_KEY_ID"], STORAGE["AWS_SECRET_ACCESS_KEY"])
+    assert f"{endpoint.scheme}://{address}" == STORAGE["AWS_ENDPOINT_URL"]
+    assert credentials == (f"{endpoint.scheme}://${{FALKIRK_S3_ACCESS_KEY:?set in .env}}:"
+                           "${FALKIRK_S3_SECRET_KEY:?set in .env}")
     assert init["depends_on"][endpoint.hostname]["condition"] == "service_healthy"
     assert init.get("restart") == "no"
 
@@ -210,24 +234,23 @@ def test_spark_s3a_settings_match_the_storage_options():
             conf[key] = value.strip()
     s3a = "spark.hadoop.fs.s3a."
     assert conf[s3a + "endpoint"] == STORAGE["AWS_ENDPOINT_URL"]
-    assert conf[s3a + "access.key"] == STORAGE["AWS_ACCESS_KEY_ID"]
-    assert conf[s3a + "secret.key"] == STORAGE["AWS_SECRET_ACCESS_KEY"]
+    assert conf[s3a + "aws.credentials.provider"].endswith(
+        "EnvironmentVariableCredentialsProvider")  # AWS_ACCESS_KEY_ID etc. from .env
     assert conf[s3a + "endpoint.region"] == STORAGE["AWS_REGION"]
     assert conf[s3a + "path.style.access"] == "true"  # MinIO buckets are not DNS names
     assert conf[s3a + "connection.ssl.enabled"] == "false"
 
 
-def test_spark_packages_match_the_pinned_pyspark_and_delta_spark():
+def test_spark_packages_match_the_pinned_pyspark_and_the_jars_come_from_the_image():
     packages = dict(p.rsplit(":", 1) for p in re.search(
         r"^spark\.jars\.packages\s+(\S+)", SPARK_DEFAULTS.read_text(), re.MULTILINE
     ).group(1).split(","))
-    locked = _uv_lock_versions()
     pyspark = Path(importlib.util.find_spec("pyspark").origin).parent
     [hadoop_jar] = (pyspark / "jars").glob("hadoop-client-api-*.jar")
     hadoop = hadoop_jar.stem.removeprefix("hadoop-client-api-")
-    assert packages["org.apache.hadoop:hadoop-aws"] == hadoop  # the Hadoop inside pyspark
-    spark_minor = ".".join(locked["pyspark"].split(".")[:2])
-    assert packages[f"io.delta:delta-spark_{spark_minor}_2.13"] == locked["delta-spark"]
+    assert packages == {"org.apache.hadoop:hadoop-aws": hadoop}  # the Hadoop inside pyspark
+    # delta-spark and the Kafka connector: the image fetches jvm/*/pom.xml at build time.
+    assert "dependency:copy-dependencies" in DOCKERFILE.read_text()
 
 
 def test_every_falkirk_service_runs_with_falkirk_env_compose(services):
@@ -251,11 +274,13 @@ def test_airflow_has_every_component_and_a_one_shot_db_migrate(services):
 def test_airflow_runs_on_postgres_with_local_executor_and_parallelism_at_most_4(services):
     for name, service in _airflow_services(services).items():
         env = _env(service)
-        db = urlparse(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+        conn = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        password = _secret("FALKIRK_POSTGRES_PASSWORD")
+        db = urlparse(conn.replace(password, "PASSWORD"))  # urlparse cannot read ${...}
         assert db.scheme.startswith("postgresql"), name
         pg = _env(services[db.hostname])
-        assert (db.username, db.password, db.path.lstrip("/")) == \
-            (pg["POSTGRES_USER"], pg["POSTGRES_PASSWORD"], pg["POSTGRES_DB"])
+        assert (db.username, db.path.lstrip("/")) == (pg["POSTGRES_USER"], pg["POSTGRES_DB"])
+        assert db.password == "PASSWORD" and pg["POSTGRES_PASSWORD"] == password
         assert service["depends_on"][db.hostname]["condition"] == "service_healthy"
         assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
         assert int(env["AIRFLOW__CORE__PARALLELISM"]) <= 4

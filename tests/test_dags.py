@@ -309,3 +309,37 @@ def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):
     assert [r["status"] for r in log.rollbacks("reference")] == ["started", "done"]
     entries = log.regions(load_pipeline("reference"))["communities"].entries
     assert max(k[0] for k in entries) == 2  # epochs 3 and 4 invalidated
+
+
+def test_invalidated_batch_epochs_are_rerun_in_order(tmp_path, monkeypatch):
+    """What the rollback DAG and the streams supervisor both do after a rollback: every
+    invalidated epoch of a batch region is run again (one --epoch run each, in order);
+    stream regions are left to their restarted jobs; a failed rerun names its log."""
+    from falkirk import procs
+    from falkirk.airflow import streams
+    from falkirk.errors import FalkirkError
+    from falkirk.topology import load_pipeline
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    pipeline = load_pipeline("reference")
+    runs: list[tuple[str, list[str]]] = []
+    codes = iter([0, 0, 3])
+
+    class Finished:
+        def wait(self):
+            return next(codes)
+
+    def launch(pipe, job, args, cfg=None):
+        runs.append((job, args))
+        return Finished()
+
+    monkeypatch.setattr(procs, "start_job", launch)
+    invalidated = [{"region": "popularity", "time": 3, "generation": 0},
+                   {"region": "communities", "time": [3, "inf"], "generation": 0},
+                   {"region": "popularity", "time": 2, "generation": 0}]
+    assert streams.rerun_batch_epochs(pipeline, invalidated) == {"popularity": [2, 3]}
+    assert [(job, args[:2]) for job, args in runs] == [
+        ("jobs/popularity.py", ["--epoch", "2"]), ("jobs/popularity.py", ["--epoch", "3"])]
+    with pytest.raises(FalkirkError, match="rerun of popularity epoch 4 exited 3; see .*"
+                                           "reference-popularity.log"):
+        streams.rerun_batch_epochs(pipeline, [{"region": "popularity", "time": 4}])

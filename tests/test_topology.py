@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -128,6 +129,26 @@ def test_a_declaration_file_naming_a_missing_job_is_refused(tmp_path):
     with pytest.raises(TopologyError, match=r"region 'stats': job file jobs/nowhere.py not "
                                             r"found"):
         Pipeline.load(path)
+
+
+def test_a_job_beside_the_declaration_is_found_there_before_the_checkout(tmp_path):
+    import yaml
+
+    data = broken(["regions", "stats", "job"], "jobs/mine.py")
+    data["edges"].pop("labels")
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "mine.py").write_text("")
+    (tmp_path / "schemas" / "tables").mkdir(parents=True)
+    for e in data["edges"].values():
+        if e["kind"] == "delta":
+            (tmp_path / "schemas" / "tables" / f"{e['table']}.json").write_text(
+                json.dumps({"fields": [{"name": "epoch", "type": "int64"}]}))
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(data))
+    pipe = Pipeline.load(path)
+    assert pipe.job_path("jobs/mine.py") == tmp_path / "jobs" / "mine.py"
+    assert pipe.job_path("jobs/ingest.py").parent.parent != tmp_path  # the checkout's
+    assert pipe.schema_roots == (tmp_path / "schemas",)
 
 
 def test_settings_keep_the_applications_own_keys():

@@ -36,6 +36,7 @@ PIPE_DICT = {
 }
 PIPE = Pipeline.from_dict(PIPE_DICT)
 SCHEMA = pa.schema([("epoch", pa.int64()), ("value", pa.string())])
+TABLE_SCHEMA = {"fields": [{"name": "epoch", "type": "int64"}, {"name": "value", "type": "string"}]}
 
 
 def build_world(root, spark) -> None:

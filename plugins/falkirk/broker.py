@@ -65,6 +65,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _new_cluster_id() -> str:
+    """A random KRaft cluster id (URL-safe base64 of a UUID, as Kafka's ``random-uuid``) that
+    does not start with "-": the storage tool's option parser would read that as an option,
+    which Kafka's own ``Uuid.randomUuid`` avoids the same way (one in 64 ids)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def _listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -175,7 +185,7 @@ class LocalBroker:
                               f"{CLUSTER_ID_NAME} of ours): not formatting over it; use an "
                               "empty folder")
         else:
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = _new_cluster_id()
             id_file.write_text(cluster_id)
         if meta.exists():
             found = dict(line.split("=", 1) for line in meta.read_text().splitlines()
@@ -282,9 +292,13 @@ class LocalBroker:
             os.killpg(self._proc.pid, signal.SIGKILL)
         self._kill_group()
 
-    def restart(self) -> LocalBroker:
-        """Stop, then start on the same ports and folder (clients keep their bootstrap)."""
-        self.stop()
+    def restart(self, crash: bool = False) -> LocalBroker:
+        """Stop (or with ``crash``, SIGKILL), then start on the same ports and folder:
+        clients keep their bootstrap."""
+        if crash:
+            self.kill()
+        else:
+            self.stop()
         fixed = self._fixed_port
         self._fixed_port = True
         try:

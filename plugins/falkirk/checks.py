@@ -441,7 +441,7 @@ def _read_input(v: Validator, row: EpochRecord, edge: str):
     topic = v.pipeline.edges[edge].topic
     try:
         return read_range(v.spark, v.cfg.kafka_bootstrap, topic, Offsets(rng["from"]),
-                          Offsets(rng["to"]), record_ddl(topic))
+                          Offsets(rng["to"]), record_ddl(topic, v.pipeline.schema_roots))
     except Exception as err:
         raise CheckError(f"cannot read topic {topic!r} at {v.cfg.kafka_bootstrap} to check "
                          f"{row.region} epoch {row.epoch}: {err}") from err

@@ -82,16 +82,19 @@ PROFILES: dict[str, Config] = {
         kafka_bootstrap="kafka:9092",
         spark_master="spark://spark-master:7077",
         spark_ui=True,
-        storage_options=(
+        storage_options=(  # + the credentials, from the environment (SECRET_OPTIONS)
             ("AWS_ENDPOINT_URL", "http://minio:9000"),
-            ("AWS_ACCESS_KEY_ID", "falkirk"),
-            ("AWS_SECRET_ACCESS_KEY", "falkirk-secret"),
             ("AWS_REGION", "us-east-1"),
             ("AWS_ALLOW_HTTP", "true"),
             ("AWS_S3_ALLOW_UNSAFE_RENAME", "true"),
         ),
     ),
 }
+
+
+#: Storage options that are credentials: never in the repository, read from the
+#: environment by every profile with an object store.
+SECRET_OPTIONS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
 class ConfigError(FalkirkError, ValueError):
@@ -117,4 +120,12 @@ def load(env: str | None = None) -> Config:
             overrides[f.name] = value.lower() in ("1", "true", "yes")
         else:
             overrides[f.name] = value
+    if cfg.storage_options:  # an object store: its credentials come from the environment
+        missing = [k for k in SECRET_OPTIONS if not os.environ.get(k)]
+        if missing:
+            raise ConfigError(f"FALKIRK_ENV={name} needs {' and '.join(missing)} in the "
+                              "environment: the object store's credentials are never kept "
+                              "in the repository (docs/compose.md)")
+        overrides["storage_options"] = cfg.storage_options + tuple(
+            (k, os.environ[k]) for k in SECRET_OPTIONS)
     return replace(cfg, **overrides)

@@ -49,9 +49,19 @@ DEMO_INPUT = {"events": 3000, "queries": 300, "epochs": 6, "seed": 21}
 KILL_EPOCH = 3  # communities (lazy, checkpoint every 3 epochs) is killed in the middle of it
 SUPERVISOR, BATCH = "falkirk_streams_supervisor", "falkirk_batch_popularity"
 KILLED_REGION = "communities"
-AIRFLOW_LOGIN = ("admin", "admin")  # bin/airflow's SimpleAuthManager user
+AIRFLOW_USER = "admin"  # bin/airflow's SimpleAuthManager user; its password is generated
 TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
 
+
+
+def airflow_password(home: Path) -> str:
+    """The admin password bin/airflow generated for this Airflow home (passwords.json)."""
+    path = Path(home) / "passwords.json"
+    try:
+        return json.loads(path.read_text())[AIRFLOW_USER]
+    except (OSError, ValueError, KeyError) as exc:
+        raise DemoError(f"no admin password in {path} ({exc}): start Airflow with "
+                        "bin/airflow start") from None
 
 class DemoError(FalkirkError):
     """The demo could not go on; the message says where to look."""
@@ -248,7 +258,8 @@ def _airflow_html(af: dict | None) -> str:
         f"<td>{e(r['state'] or '')}</td><td>{e(r['tasks'])}</td></tr>" for r in af["runs"])
     notes = "".join(f"<li>{e(n)}</li>" for n in af["notes"])
     return (f"<h2>Driven by Airflow</h2><p>Airflow {e(af['version'])} at "
-            f"<a href='{e(af['url'])}'>{e(af['url'])}</a> (login admin / admin), "
+            f"<a href='{e(af['url'])}'>{e(af['url'])}</a> (login admin, password in "
+            f"<code>{e(af['home'])}/passwords.json</code>), "
             f"<code>AIRFLOW_HOME={e(af['home'])}</code>.</p><ol>{items}</ol>"
             f"<table><tr><th>DAG</th><th>run</th><th>state</th><th>tasks</th></tr>{runs}"
             f"</table>" + (f"<h3>Notes</h3><ul>{notes}</ul>" if notes else ""))
@@ -420,8 +431,9 @@ def _verdict(console, comparison: dict, frontiers: dict, report: Path, timings: 
 class AirflowAPI:
     """The Airflow REST API (v2) with a token from /auth/token."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, home: Path):
         self.url = url
+        self.home = home  # the Airflow home whose passwords.json holds the login
         self._token: str | None = None
 
     def _request(self, method: str, path: str, body: Any = None,
@@ -444,7 +456,7 @@ class AirflowAPI:
 
     def token(self) -> str:
         if self._token is None:
-            user, password = AIRFLOW_LOGIN
+            user, password = AIRFLOW_USER, airflow_password(self.home)
             status, body = self._request("POST", "/auth/token",
                                          {"username": user, "password": password}, token=False)
             if status not in (200, 201):
@@ -620,7 +632,7 @@ class AirflowDemo:
         if done.returncode != 0:
             raise DemoError(f"bin/airflow start failed ({done.returncode}):\n"
                             f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
-        self.api = AirflowAPI(url)
+        self.api = AirflowAPI(url, self.home)
         self.version = self.api.call("GET", "/api/v2/version").get("version", "?")
         self.log(f"Airflow {self.version} ready at {url} (AIRFLOW_HOME={self.home})",
                  event=True)
@@ -1071,16 +1083,17 @@ def main_airflow(args: Namespace, console) -> int:
             console.print(f"[red]the demo failed[/red]; Airflow logs: {demo.home}/logs, job "
                           f"logs: {demo.sandbox}/var/log")
             if demo.keep_airflow and demo.api is not None:
-                console.print(f"Airflow is still up for a look: {demo.api.url} (login admin "
-                              f"/ admin); stop it with: FALKIRK_AIRFLOW_HOME={demo.home} "
-                              f"bin/airflow stop")
+                console.print(f"Airflow is still up for a look: {demo.api.url} (login admin, "
+                              f"password in {demo.home}/passwords.json); stop it with: "
+                              f"FALKIRK_AIRFLOW_HOME={demo.home} bin/airflow stop")
     code = _verdict(console, comparison, plan["frontiers"], report, demo.timings)
     bad_checks = [r for r in checks["summary"] if r["failed"]]
     console.print(f"data checks: {len(checks['summary'])} region epochs, "
                   f"{'all passed' if not bad_checks else f'{len(bad_checks)} failed'}"
                   + (f"; GX Data Docs: {checks['data_docs']}" if checks["data_docs"] else ""))
     if demo.keep_airflow:
-        console.print(f"Airflow UI: {demo.api.url}  (login admin / admin)")
+        console.print(f"Airflow UI: {demo.api.url}  (login admin, password in "
+                      f"{demo.home}/passwords.json)")
         console.print(f"the supervisor run that rolled back (its Rollback plan tab): "
                       f"{demo.api.run_url(SUPERVISOR, demo.recover_run)}")
         console.print(f"stop Airflow with: FALKIRK_AIRFLOW_HOME={demo.home} bin/airflow stop")

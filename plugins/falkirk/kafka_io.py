@@ -22,10 +22,14 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from falkirk.errors import FalkirkError
 from falkirk.times import Offsets
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -33,22 +37,18 @@ if TYPE_CHECKING:
 
 #: The JSON types (as ``schema_of_variant`` names them) each declared type accepts.
 _INTEGERS = ("TINYINT", "SMALLINT", "INT", "BIGINT")
+_NUMBERS = (*_INTEGERS, "DOUBLE", "FLOAT", "DECIMAL")
 _ACCEPTS = {
     # Spark's JSON reader gives a string field any value's JSON text: so do we.
-    "string": ("STRING", "BOOLEAN", "ARRAY", "OBJECT", *_INTEGERS, "DOUBLE", "FLOAT",
-               "DECIMAL"),
+    "string": ("STRING", "BOOLEAN", "ARRAY", "OBJECT", *_NUMBERS),
     "bigint": _INTEGERS,
     "int": _INTEGERS,
     "smallint": _INTEGERS,
     "tinyint": _INTEGERS,
-    "double": (*_INTEGERS, "DOUBLE", "FLOAT", "DECIMAL"),
-    "float": (*_INTEGERS, "DOUBLE", "FLOAT", "DECIMAL"),
+    "double": _NUMBERS,
+    "float": _NUMBERS,
     "boolean": ("BOOLEAN",),
 }
-#: JSON kinds in messages, from the variant's type names.
-_JSON_KINDS = {"STRING": "string", "BOOLEAN": "boolean", "ARRAY": "array", "OBJECT": "object",
-               "VOID": "null", **{t: "number" for t in (*_INTEGERS, "DOUBLE", "FLOAT",
-                                                       "DECIMAL")}}
 _NAMES = {"bigint": "long", "int": "int", "smallint": "short", "tinyint": "byte",
           "double": "double", "float": "float", "string": "string", "boolean": "boolean"}
 
@@ -125,25 +125,21 @@ def parse_values(raw: DataFrame, value_ddl: str | None) -> DataFrame:
 
 def _reason(value: Column, schema: StructType) -> Column:
     """Why a value that Spark's JSON reader refused does not fit ``schema`` (null when no
-    reason is found): evaluated only for those values."""
+    reason is found): evaluated only for those values. Kept small: it is compiled into
+    the same generated code as the job's own transforms."""
     from pyspark.sql import functions as F
 
     v = F.try_parse_json(value)
-    top = _kind(v)
     problems: list[Column] = []
     for f in schema.fields:
-        path = f"$.{f.name}"
-        sub = F.variant_get(v, path, "variant")
+        sub = F.variant_get(v, f"$.{f.name}", "variant")
         kind = _kind(sub)
         declared = f.dataType.simpleString()
-        absent = sub.isNull() | (kind == "VOID")  # missing, or JSON null
-        problems.append(
-            F.when(~absent & ~kind.isin(*_ACCEPTS[declared]), F.format_string(
-                "field '%s' is not a %s (got %s %s)", F.lit(f.name), F.lit(_NAMES[declared]),
-                _json_kind(kind), _shorten(F.to_json(sub))))
-            .when(~absent & F.try_variant_get(v, path, declared).isNull(), F.format_string(
-                "field '%s' is out of the %s range (%s)", F.lit(f.name),
-                F.lit(_NAMES[declared]), _shorten(F.to_json(sub)))))
+        fits = sub.isNull() | kind.isin("VOID", *_ACCEPTS[declared])  # VOID: JSON null
+        problems.append(F.when(~fits, F.concat(
+            F.lit(f"field '{f.name}' is not a {_NAMES[declared]} (got "), _json_kind(kind),
+            F.lit(" "), F.substring(F.to_json(sub), 1, 40), F.lit(")"))))
+    top = _kind(v)
     return (
         F.when(v.isNull(), F.lit("value is not JSON"))
         .when(top != "OBJECT", F.concat(
@@ -163,15 +159,8 @@ def _json_kind(variant_type: Column) -> Column:
     """A variant type name (BIGINT, DECIMAL, ...) as the JSON kind a user wrote (number)."""
     from pyspark.sql import functions as F
 
-    names = F.create_map(*[F.lit(x) for kv in _JSON_KINDS.items() for x in kv])
-    return F.coalesce(F.element_at(names, variant_type), F.lower(variant_type))
-
-
-def _shorten(text: Column) -> Column:
-    from pyspark.sql import functions as F
-
-    return F.when(F.length(text) <= 40, text).otherwise(F.concat(F.substring(text, 1, 37),
-                                                                 F.lit("...")))
+    return (F.when(variant_type.isin(*_NUMBERS), F.lit("number"))
+            .when(variant_type == "VOID", F.lit("null")).otherwise(F.lower(variant_type)))
 
 
 def read_range(spark: SparkSession, bootstrap: str, topic: str, start: Offsets, end: Offsets,
@@ -225,6 +214,27 @@ def produce(df: DataFrame, bootstrap: str, topic: str) -> int:
     return n
 
 
+def broker_retry(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Ride out a broker that is restarting or still electing a coordinator (up to ~2 min):
+    only for questions and commits that are safe to repeat; a broker gone for longer fails
+    the caller."""
+    from kafka.errors import RetriableError
+    from tenacity import (
+        retry,
+        retry_if_exception_type,
+        stop_after_delay,
+        wait_exponential,
+    )
+
+    return retry(
+        retry=retry_if_exception_type(RetriableError),  # timeouts, lost connections, ...
+        wait=wait_exponential(multiplier=0.2, max=5), stop=stop_after_delay(120),
+        reraise=True,
+        before_sleep=lambda state: _log.warning("broker not answering (%s); asking again",
+                                               state.outcome.exception()),
+    )(fn)
+
+
 def commit_group_offsets(bootstrap: str, topic: str, group: str, offsets: Offsets) -> None:
     """Commit consumer group ``group``'s positions on ``topic`` (garbage collection's ack).
 
@@ -232,19 +242,26 @@ def commit_group_offsets(bootstrap: str, topic: str, group: str, offsets: Offset
     no active members, as for any offset reset.
     """
     from kafka import KafkaAdminClient, TopicPartition
-    from kafka.errors import NoError
+    from kafka.errors import NoError, RetriableError
     from kafka.structs import OffsetAndMetadata
 
     wanted = {TopicPartition(topic, int(p)): OffsetAndMetadata(o, "", -1) for p, o in offsets.items}
     if not wanted:
         return
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="falkirk-gc")
-    try:
-        result = admin.alter_group_offsets(group, wanted)
-    finally:
-        admin.close()
-    failed = {tp.partition: err.__name__ for tp, err in result.items() if err is not NoError}
-    if failed:
-        raise KafkaIOError(
-            f"committing group {group!r} offsets on {topic!r} failed for partitions {failed}"
-        )
+    @broker_retry
+    def commit() -> None:  # the same positions again: safe to repeat
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="falkirk-gc")
+        try:
+            result = admin.alter_group_offsets(group, wanted)
+        finally:
+            admin.close()
+        for err in result.values():
+            if err is not NoError and issubclass(err, RetriableError):
+                raise err()
+        failed = {tp.partition: err.__name__ for tp, err in result.items() if err is not NoError}
+        if failed:
+            raise KafkaIOError(
+                f"committing group {group!r} offsets on {topic!r} failed for partitions {failed}"
+            )
+
+    commit()

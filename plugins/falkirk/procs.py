@@ -40,7 +40,7 @@ def log_file(pipeline: Pipeline, job: str, cfg: Config | None = None) -> Path:
     return _dirs(cfg)[1] / f"{pipeline.name}-{Path(job).stem}.log"
 
 
-def job_command(job: str, args: list[str], cfg: Config | None = None) -> list[str]:
+def job_command(job: str | Path, args: list[str], cfg: Config | None = None) -> list[str]:
     """spark-submit of a job entry point, on this profile's master."""
     cfg = cfg or load()
     venv = Path(sys.executable).parent
@@ -68,7 +68,8 @@ def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
     path.parent.mkdir(parents=True, exist_ok=True)
     name = Path(job).stem
     out = open(path, "ab")  # noqa: SIM115 - the child keeps it
-    cmd = job_command(job, ["--pipeline", pipeline.source or pipeline.name, *(args or [])], cfg)
+    cmd = job_command(pipeline.job_path(job), ["--pipeline", pipeline.source or pipeline.name,
+                                                *(args or [])], cfg)
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                             env={**_env(), **(env or {})}, start_new_session=True)
     out.close()

@@ -32,6 +32,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -40,7 +41,8 @@ import pyarrow as pa
 from falkirk.config import Config, load
 from falkirk.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.errors import FalkirkError
-from falkirk.schemas import SCHEMAS_DIR, arrow_schema, ddl
+from falkirk.kafka_io import broker_retry
+from falkirk.schemas import arrow_schema, ddl, find
 from falkirk.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
 from falkirk.topology import EdgeSpec, Pipeline
 
@@ -83,7 +85,8 @@ class KafkaCut:
     The cut of epoch e in a partition is the first offset whose record timestamp is at or
     after the end of e; the same input always gives the same cut. A record of an earlier
     epoch that arrives after the cut is *late*: it falls into a later epoch's range,
-    where the region dead-letters it.
+    where the region dead-letters it. Every question to the broker is retried while it
+    restarts (:func:`falkirk.kafka_io.broker_retry`).
     """
 
     def __init__(self, bootstrap: str, topic: str):
@@ -99,10 +102,12 @@ class KafkaCut:
 
         self.tps = [TopicPartition(topic, p) for p in sorted(parts)]
 
+    @broker_retry
     def beginning(self) -> Offsets:
         return Offsets({str(tp.partition): o
                         for tp, o in self.consumer.beginning_offsets(self.tps).items()})
 
+    @broker_retry
     def cut(self, end_ms: int) -> Offsets | None:
         """Offsets where the epoch ending at ``end_ms`` stops; None while incomplete."""
         found = self.consumer.offsets_for_times({tp: end_ms for tp in self.tps})
@@ -110,6 +115,7 @@ class KafkaCut:
             return None
         return Offsets({str(tp.partition): v.offset for tp, v in found.items()})
 
+    @broker_retry
     def ended(self, position: Offsets) -> bool:
         """Every partition is at its end-of-stream marker: no epoch will ever come."""
         found = self.consumer.offsets_for_times({tp: EOS_TIMESTAMP for tp in self.tps})
@@ -309,7 +315,7 @@ class JobRunner:
         key = (region, edge.table)
         if key not in self.writers:
             w = EpochWriter(self.spark, self.cfg.table(edge.table), region, self.generation,
-                            arrow_schema("tables", edge.table_schema),
+                            arrow_schema("tables", edge.table_schema, self.pipeline.schema_roots),
                             self.cfg.delta_storage_options or None)
             w.ensure_table()
             self.writers[key] = w
@@ -442,13 +448,13 @@ class JobRunner:
                     ranges[edge.name] = {"from": start.as_dict(), "to": end.as_dict()}
                     inputs[edge.name] = read_range(
                         self.spark, self.cfg.kafka_bootstrap, edge.topic, start, end,
-                        record_ddl(edge.topic))
+                        record_ddl(edge.topic, self.pipeline.schema_roots))
                 elif edge.kind == "delta":
                     version = where[edge.name]
                     uri = self.cfg.table(edge.table)
                     if version is None:
                         inputs[edge.name] = self.spark.createDataFrame(
-                            [], _spark_schema(arrow_schema("tables", edge.table_schema)))
+                            [], _empty_schema(self.pipeline, edge))
                     else:
                         inputs[edge.name] = read_version(self.spark, uri, version,
                                                          self.cfg.delta_storage_options or None)
@@ -598,7 +604,7 @@ class CompositeJob(JobLogic):
                         held = self.memory.get(edge.table)
                         if held is None:
                             held = ctx.spark.createDataFrame(
-                                [], _spark_schema(arrow_schema("tables", edge.table_schema)))
+                                [], _empty_schema(self.pipeline, edge))
                         inputs[edge.name] = held.filter(F.col("epoch") <= ctx.epoch - edge.delay)
             sub = EpochContext(ctx.epoch, ctx.generation, ctx.spark, ctx.pipeline, inputs,
                                state, ctx.active)
@@ -619,8 +625,9 @@ class CompositeJob(JobLogic):
             part.finish_epoch(ctx)
 
 
-def load_job(job: str) -> ModuleType:
-    """A job entry point (``jobs/<name>.py``) as a module: jobs are scripts, not a package."""
+def load_job(job: str | Path) -> ModuleType:
+    """A job entry point (``jobs/<name>.py``, relative to the checkout, or a path from
+    ``Pipeline.job_path``) as a module: jobs are scripts, not a package."""
     import importlib.util
 
     from falkirk.config import REPO_ROOT
@@ -648,11 +655,16 @@ def job_logic(job: str) -> JobLogic:
     return found[0]()
 
 
-def record_ddl(topic: str) -> str | None:
+def record_ddl(topic: str, roots: tuple[Path, ...] = ()) -> str | None:
     """The value schema of a topic's records, from schemas/records/<topic>.json if any."""
-    if not (SCHEMAS_DIR / "records" / f"{topic}.json").exists():
+    if find("records", topic, roots) is None:
         return None
-    return ddl("records", topic)
+    return ddl("records", topic, roots)
+
+
+def _empty_schema(pipeline: Pipeline, edge: EdgeSpec):
+    """The Spark schema of a Delta edge's table, for the empty input before its first epoch."""
+    return _spark_schema(arrow_schema("tables", edge.table_schema, pipeline.schema_roots))
 
 
 def _spark_schema(schema: pa.Schema):

@@ -23,24 +23,34 @@ _TYPES = {
 }
 
 
+def find(kind: str, name: str, roots: tuple[Path, ...] = ()) -> Path | None:
+    """``<root>/<kind>/<name>.json`` in the first of ``roots`` (a pipeline's own ``schemas/``
+    folders) that has it, else in falkirk's; None if neither has it."""
+    for root in (*roots, SCHEMAS_DIR):
+        path = root / kind / f"{name}.json"
+        if path.is_file():
+            return path
+    return None
+
+
 @cache
-def definition(kind: str, name: str) -> dict:
-    """The JSON definition ``schemas/<kind>/<name>.json``."""
-    path = SCHEMAS_DIR / kind / f"{name}.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no schema file {path}") from None
+def definition(kind: str, name: str, roots: tuple[Path, ...] = ()) -> dict:
+    """The JSON definition ``schemas/<kind>/<name>.json`` (see :func:`find`)."""
+    path = find(kind, name, roots)
+    if path is None:
+        looked = ", ".join(str(r / kind) for r in (*roots, SCHEMAS_DIR))
+        raise FileNotFoundError(f"no schema file {name}.json (looked in {looked})")
+    return json.loads(path.read_text())
 
 
 _DDL = {"string": "string", "int32": "int", "int64": "long", "double": "double",
         "bool": "boolean"}
 
 
-def ddl(kind: str, name: str) -> str:
+def ddl(kind: str, name: str, roots: tuple[Path, ...] = ()) -> str:
     """A Spark DDL string of the schema (for the Kafka source's valueSchema)."""
     parts = []
-    for f in definition(kind, name)["fields"]:
+    for f in definition(kind, name, roots)["fields"]:
         if f["type"] not in _DDL:
             raise ValueError(f"schemas/{kind}/{name}.json: {f['name']!r} has no DDL type")
         parts.append(f"{f['name']} {_DDL[f['type']]}")
@@ -48,10 +58,10 @@ def ddl(kind: str, name: str) -> str:
 
 
 @cache
-def arrow_schema(kind: str, name: str) -> pa.Schema:
+def arrow_schema(kind: str, name: str, roots: tuple[Path, ...] = ()) -> pa.Schema:
     """The Arrow schema of ``schemas/<kind>/<name>.json`` (field order as written)."""
     fields = []
-    for f in definition(kind, name)["fields"]:
+    for f in definition(kind, name, roots)["fields"]:
         try:
             typ = _TYPES[f["type"]]
         except KeyError:

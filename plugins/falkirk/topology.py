@@ -143,22 +143,42 @@ class Pipeline:
         pipeline.check_files()
         return pipeline
 
+    def _job_dirs(self) -> list[Path]:
+        from falkirk.config import REPO_ROOT
+
+        declared = self.source.endswith((".yaml", ".yml"))
+        return [Path(self.source).resolve().parent, REPO_ROOT] if declared else [REPO_ROOT]
+
+    @property
+    def schema_roots(self) -> tuple[Path, ...]:
+        """The declaration's own ``schemas/`` folder, searched before falkirk's."""
+        return tuple(d / "schemas" for d in self._job_dirs()[:-1])
+
+    def job_path(self, job: str) -> Path:
+        """A job entry point as declared: relative to the declaration's folder, else to the
+        falkirk checkout (where the reference pipeline's jobs live)."""
+        if Path(job).is_absolute():
+            return Path(job)
+        dirs = self._job_dirs()
+        return next((d / job for d in dirs if (d / job).is_file()), dirs[-1] / job)
+
     def check_files(self) -> None:
         """Every job entry point and table schema the declaration names exists: found now,
         not when a job starts (or, worse, when its first epoch writes)."""
-        from falkirk.config import REPO_ROOT
-        from falkirk.schemas import SCHEMAS_DIR
+        from falkirk.schemas import find
 
         for spec in self.regions.values():
-            if spec.job and not (REPO_ROOT / spec.job).is_file():
+            if spec.job and not self.job_path(spec.job).is_file():
+                where = " and ".join(str(d) for d in self._job_dirs())
                 raise TopologyError(f"{self.source}: region {spec.name!r}: job file "
-                                    f"{spec.job} not found (looked in {REPO_ROOT})")
+                                    f"{spec.job} not found (looked in {where})")
         for e in self.edges.values():
-            if e.kind == "delta" and e.src is not None:
-                path = SCHEMAS_DIR / "tables" / f"{e.table_schema}.json"
-                if not path.is_file():
+            if (e.kind == "delta" and e.src is not None
+                    and find("tables", e.table_schema, self.schema_roots) is None):
+                    where = " and ".join(str(r / "tables") for r in self.schema_roots)
                     raise TopologyError(f"{self.source}: edge {e.name!r}: table schema "
-                                        f"{path} not found")
+                                        f"{e.table_schema}.json not found (looked in "
+                                        f"{where or 'falkirk schemas/tables'})")
 
     @classmethod
     def from_dict(cls, raw: Any, origin: str = "pipeline") -> Pipeline:

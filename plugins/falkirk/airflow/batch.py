@@ -15,7 +15,7 @@ from typing import Any
 from airflow.sdk import DeltaDataIntervalTimetable
 from airflow.sdk.exceptions import AirflowFailException
 
-from falkirk.config import REPO_ROOT, load
+from falkirk.config import load
 from falkirk.epochlog import RESTORABLE, EpochLog
 from falkirk.runtime import time_of
 from falkirk.times import DOMAINS
@@ -66,7 +66,7 @@ def submit_kwargs(pipeline_name: str, region: str) -> dict[str, Any]:
     pipeline = load_pipeline(pipeline_name)
     cfg = load()
     return {
-        "application": str(REPO_ROOT / pipeline.regions[region].job),
+        "application": str(pipeline.job_path(pipeline.regions[region].job)),
         "conn_id": "spark_default",
         "name": f"falkirk-{pipeline.name}-{region}",
         "application_args": ["--pipeline", pipeline.name, "--epoch",

@@ -23,7 +23,6 @@ from falkirk.times import DOMAINS
 from falkirk.topology import Pipeline, load_pipeline
 
 log = logging.getLogger(__name__)
-BATCH_RERUN_ARGS = ["--idle-timeout", "300"]  # a rerun waits this long for replayed input
 
 
 def request_from_params(params: dict[str, Any], dry_run: bool | None = None
@@ -118,21 +117,7 @@ def rerun_and_replay(params: dict[str, Any], ti: Any) -> dict:
     restart = {j for j in stopped if j in stream} | set(streams.hosting(pipeline, done.affected))
     started = streams.start_streams(pipeline, only=sorted(restart))
     log.info("restarted %s", started or "nothing")
-    reran: dict[str, list[int]] = {}
-    for inv in done.invalidate:
-        spec = pipeline.regions[inv["region"]]
-        if spec.regime == "batch" and spec.job:
-            epoch = inv["time"][0] if isinstance(inv["time"], list) else inv["time"]
-            reran.setdefault(inv["region"], []).append(int(epoch))
-    for region, epochs in reran.items():
-        job = pipeline.regions[region].job
-        for epoch in sorted(set(epochs)):
-            log.info("rerunning %s epoch %d", region, epoch)
-            code = procs.start_job(pipeline, job, ["--epoch", str(epoch), *BATCH_RERUN_ARGS]
-                                   ).wait()
-            if code != 0:
-                raise FalkirkError(f"rerun of {region} epoch {epoch} exited {code}; see "
-                                   f"{streams.log_file(pipeline, job)}")
+    reran = streams.rerun_batch_epochs(pipeline, done.invalidate)
     return {"restarted": started, "reran": reran}
 
 

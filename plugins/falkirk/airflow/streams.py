@@ -6,12 +6,14 @@ entry point; jobs hosting only batch regions are Airflow's to schedule, one run 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from falkirk import procs
 from falkirk.config import Config, load
 from falkirk.topology import Pipeline
 
+log = logging.getLogger(__name__)
 STREAM_ARGS: list[str] = []  # no idle timeout: a stream waits for input as long as it takes
 
 
@@ -68,3 +70,31 @@ def dead_jobs(pipeline: Pipeline, cfg: Config | None = None) -> dict[str, list[s
     alive = {info["job"] for info in procs.running(pipeline, cfg)}
     return {job: regions for job, regions in stream_jobs(pipeline).items()
             if job not in alive and not finished_cleanly(pipeline, job, cfg)}
+
+
+BATCH_RERUN_ARGS = ["--idle-timeout", "300"]  # a rerun waits this long for replayed input
+
+
+def rerun_batch_epochs(pipeline: Pipeline, invalidated: list[dict],
+                       cfg: Config | None = None) -> dict[str, list[int]]:
+    """Rerun every batch epoch a rollback invalidated (one ``--epoch N`` run each, in
+    order): a batch region is not a stream, nothing else would redo them. Region ->
+    epochs rerun; a rerun that fails raises, naming its log."""
+    from falkirk.errors import FalkirkError
+
+    epochs: dict[str, set[int]] = {}
+    for inv in invalidated:
+        spec = pipeline.regions[inv["region"]]
+        if spec.regime == "batch" and spec.job:
+            epoch = inv["time"][0] if isinstance(inv["time"], list) else inv["time"]
+            epochs.setdefault(inv["region"], set()).add(int(epoch))
+    for region, todo in epochs.items():
+        job = pipeline.regions[region].job
+        for epoch in sorted(todo):
+            log.info("rerunning %s epoch %d", region, epoch)
+            code = procs.start_job(pipeline, job, ["--epoch", str(epoch), *BATCH_RERUN_ARGS],
+                                   cfg).wait()
+            if code != 0:
+                raise FalkirkError(f"rerun of {region} epoch {epoch} exited {code}; see "
+                                   f"{log_file(pipeline, job, cfg)}")
+    return {region: sorted(todo) for region, todo in epochs.items()}

@@ -55,7 +55,8 @@ class StreamsSensor(PipelineSensor):
 
 
 def recover(pipeline: str, ti: Any) -> dict[str, Any]:
-    """Roll back the dead jobs' regions (as failed), then restart every job stopped."""
+    """Roll back the dead jobs' regions (as failed), restart every job stopped, and rerun
+    the batch epochs the rollback invalidated."""
     dead: dict[str, list[str]] = ti.xcom_pull(task_ids="watch") or {}
     if not dead:
         log.info("nothing died")
@@ -78,4 +79,6 @@ def recover(pipeline: str, ti: Any) -> dict[str, Any]:
     restart = set(dead) | set(stopped) | set(streams.hosting(pipe, done.affected))
     restarted = streams.start_streams(pipe, only=sorted(restart))
     log.info("restarted %s", restarted)
-    return {"rollback_id": done.rollback_id, "restarted": restarted}
+    reran = streams.rerun_batch_epochs(pipe, done.invalidate)  # as the rollback DAG does
+    log.info("reran batch epochs %s", reran or "none")
+    return {"rollback_id": done.rollback_id, "restarted": restarted, "reran": reran}
