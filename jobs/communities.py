@@ -167,7 +167,7 @@ class CommunitiesJob(JobLogic):
     def state_schema(self, region: str) -> pa.Schema:
         return STATE_SCHEMA
 
-    def state_to_arrow(self, region: str, state: dict) -> pa.Table:
+    def state_to_frame(self, region: str, state: dict) -> DataFrame:
         e = state["edges"].select(
             F.concat(F.lit("e:"), F.col("user_id").cast("string"), F.lit(":"),
                      F.col("item_id").cast("string")).alias("key"),
@@ -177,10 +177,9 @@ class CommunitiesJob(JobLogic):
             F.concat(F.lit("n:"), F.col("node_id").cast("string")).alias("key"),
             F.lit(None).cast("long").alias("user_id"), F.lit(None).cast("long").alias("item_id"),
             "node_id", "label")
-        return e.unionByName(n).toArrow()
+        return e.unionByName(n)
 
-    def state_from_arrow(self, region: str, table: pa.Table, spark) -> dict:
-        df = spark.createDataFrame(table)
+    def state_from_frame(self, region: str, df: DataFrame, spark) -> dict:
         return {
             "edges": df.filter(F.col("key").startswith("e:"))
                        .select("user_id", "item_id").localCheckpoint(),

@@ -47,10 +47,15 @@ def validate_queries(raw_df: DataFrame, epoch: int) -> tuple[DataFrame, DataFram
                                  F.lit(epoch).cast("long"))
 
 
-def _latest_before(df: DataFrame, epoch: int) -> DataFrame:
-    """The rows of the latest epoch < ``epoch`` of a snapshot table (none if it is empty)."""
-    before = df.filter(F.col("epoch") < epoch)
-    return before.join(before.agg(F.max("epoch").alias("epoch")), "epoch")
+def _as_of(df: DataFrame, epoch: int) -> DataFrame:
+    """The snapshot of epoch ``epoch`` of a full-snapshot table: its rows of that epoch.
+
+    Not "the latest rows before": an epoch its region committed with no rows is an empty
+    snapshot (e.g. no purchases in the popularity window), not a reason to answer from an
+    older one. The runtime reads the table at the version where its region committed
+    ``epoch`` (the epoch log says so), so the snapshot is complete, empty or not.
+    """
+    return df.filter(F.col("epoch") == epoch)
 
 
 def _json_ids(sorted_structs: Column) -> Column:
@@ -68,10 +73,10 @@ def answer(
 ) -> DataFrame:
     """One ``responses`` row per distinct (query_id, user_id) of epoch ``epoch``.
 
-    The state is as of ``epoch - 1``: rows at ``epoch`` or later are ignored whatever the
-    caller passes; ``user_community`` and ``item_popularity`` are full snapshots, of which
-    the latest epoch before ``epoch`` is used (a lagging region's last snapshot); all
-    ``interactions`` before ``epoch`` count.
+    The state is as of ``epoch - 1``: ``user_community`` and ``item_popularity`` are full
+    snapshots, of which exactly the one of ``epoch - 1`` is used (empty if that epoch
+    committed no rows); all ``interactions`` before ``epoch`` count; rows of ``epoch`` or
+    later are ignored whatever the caller passes.
 
     - label: the user's community label; null when the user is in no community.
     - category: the category with the most ``purchased`` interaction rows among users of
@@ -79,15 +84,17 @@ def answer(
       community), ties to the smaller category; null for an unknown user or a community
       that bought nothing.
     - items: with a category, its top :data:`TOP_ITEMS` items by rank (then item id) in
-      the popularity snapshot (fewer, or ``[]``, if it has fewer); without one, the top
-      items overall by revenue descending, then item id. A JSON list such as ``[4,12,9]``.
+      the popularity snapshot of ``epoch - 1``: fewer if it ranks fewer, ``[]`` if it ranks
+      none (the community's taste is kept, not replaced by the overall best sellers);
+      without a category, the top items overall in that snapshot by revenue descending,
+      then item id (``[]`` if the snapshot is empty). A JSON list such as ``[4,12,9]``.
     """
     communities = (
-        _latest_before(user_community_df, epoch)
+        _as_of(user_community_df, epoch - 1)
         .groupBy("user_id")
         .agg(F.min("label").alias("label"))
     )
-    popularity = _latest_before(item_popularity_df, epoch)
+    popularity = _as_of(item_popularity_df, epoch - 1)
     bought = (
         interactions_df.filter((F.col("epoch") < epoch) & F.col("purchased"))
         .join(communities, "user_id")
@@ -214,12 +221,12 @@ class ServeJob(JobLogic):
     def state_schema(self, region: str) -> pa.Schema:
         return TOTALS_SCHEMA
 
-    def state_to_arrow(self, region: str, state) -> pa.Table:
+    def state_to_frame(self, region: str, state: DataFrame) -> DataFrame:
         return state.select(F.concat_ws(":", "dimension", "value").alias("key"),
-                            "dimension", "value", "total").toArrow()
+                            "dimension", "value", "total")
 
-    def state_from_arrow(self, region: str, table: pa.Table, spark):
-        return spark.createDataFrame(table).select("dimension", "value", "total")
+    def state_from_frame(self, region: str, frame: DataFrame, spark) -> DataFrame:
+        return frame.select("dimension", "value", "total").localCheckpoint()
 
 
 if __name__ == "__main__":

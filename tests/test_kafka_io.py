@@ -101,13 +101,17 @@ def test_exactly_the_offset_range_of_each_partition(spark, broker):
 def test_produce_sends_every_row_and_counts_them(spark, broker):
     broker.create_topic("kio-out", 2)
     df = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(50)], "key string, value string")
-    assert produce(df, broker.bootstrap, "kio-out") == 50
+    headers = {"falkirk-generation": "2", "falkirk-epoch": "7"}
+    assert produce(df, broker.bootstrap, "kio-out", headers) == 50
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, consumer_timeout_ms=3000,
                              auto_offset_reset="earliest", enable_auto_commit=False)
     consumer.assign([TopicPartition("kio-out", p) for p in (0, 1)])
-    got = sorted((r.key.decode(), r.value.decode()) for r in consumer)
+    records = list(consumer)
     consumer.close()
+    got = sorted((r.key.decode(), r.value.decode()) for r in records)
     assert got == sorted((f"k{i}", f"v{i}") for i in range(50))
+    assert {tuple((k, v.decode()) for k, v in r.headers) for r in records} == {
+        (("falkirk-generation", "2"), ("falkirk-epoch", "7"))}  # on every record
     with pytest.raises(KafkaIOError, match="must have columns key, value"):
         produce(df.select("value"), broker.bootstrap, "kio-out")
 

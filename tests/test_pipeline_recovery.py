@@ -30,7 +30,7 @@ def run_pipeline(root, kill=None, crash_rollback=False, crash_broker=None):
     """Run the pipeline; with ``kill=(region, epoch)`` kill that region's job mid-epoch
     and recover; with ``crash_broker=(region, epoch)`` SIGKILL the broker while that region
     is in that epoch and start it again. Each run has its own broker, lake and process
-    folders. Returns (outputs, rollback plan or None)."""
+    folders. Returns (outputs, rollback plan or None, messages counted per output topic)."""
     with LocalBroker(root / "broker") as b, LocalRun(root, broker=b) as run:
         run.generate(**INPUT)
         run.start(until_epoch=EPOCHS - 1)
@@ -63,7 +63,7 @@ def run_pipeline(root, kill=None, crash_rollback=False, crash_broker=None):
         codes = run.wait(timeout_s=1200)
         assert set(codes.values()) == {0}, {j: str(run.log_file(j)) for j in codes}
         assert_ranges_tile_the_input(run)
-        return run.outputs(), plan
+        return run.outputs(), plan, run.sent()
 
 
 def assert_ranges_tile_the_input(run):
@@ -85,12 +85,26 @@ def assert_ranges_tile_the_input(run):
 
 @pytest.fixture(scope="module")
 def golden(tmp_path_factory):
-    outputs, _ = run_pipeline(tmp_path_factory.mktemp("golden"))
+    outputs, _, sent = run_pipeline(tmp_path_factory.mktemp("golden"))
+    # Without a failure every answer is sent once, in generation 0.
+    assert sent["responses"]["resent"] == 0 and sent["responses"]["messages"] > 0
     # The run did real work: every output has rows (dead letters too: 1% malformed).
     for name in ("purchases", "interactions", "item_popularity", "user_community",
                  "query_stats", "dead_letters", "topic:responses"):
         assert outputs[name], name
     return outputs
+
+
+def assert_resent_with_a_newer_generation(sent, plan):
+    """Counting every message, not the latest per key: answers of epochs serve redid after
+    the rollback were sent again, each with the rollback's generation, and equal to the
+    first ones (consumers that keep every message can drop a key's older generations)."""
+    responses = sent["responses"]
+    assert responses["resent_same_generation"] == 0, responses
+    assert set(responses["resent_by_generation"]) <= {str(plan.generation)}, responses
+    assert responses["changed"] == 0, responses
+    if plan.frontiers.get("serve", "top") == "top":
+        assert responses["resent"] == 0, responses  # serve did not go back: nothing re-sent
 
 
 def assert_same(golden, outputs):
@@ -103,8 +117,9 @@ def assert_same(golden, outputs):
     ("ingest", 2), ("popularity", 2), ("communities", 1), ("communities", 3), ("serve", 2),
 ], ids=lambda v: str(v))
 def test_kill_a_region_mid_epoch_then_roll_back(golden, tmp_path, region, epoch):
-    outputs, plan = run_pipeline(tmp_path, kill=(region, epoch))
+    outputs, plan, sent = run_pipeline(tmp_path, kill=(region, epoch))
     assert_same(golden, outputs)
+    assert_resent_with_a_newer_generation(sent, plan)
     # The failed region (and stats, in serve's job) goes back to its newest restorable
     # frontier before the kill; nothing else needs to move, except when the lazy region
     # had no checkpoint yet and serve had already committed an epoch that read its epoch-0
@@ -128,15 +143,16 @@ def test_a_broker_crashed_mid_run_loses_nothing(golden, tmp_path):
     """Apache Kafka SIGKILLed while ingest is in epoch 2 and started again on the same
     ports: the jobs ride it out (their broker questions are retried, the connector's
     reads and acks=all sends wait for it) and every output equals the failure-free run."""
-    outputs, plan = run_pipeline(tmp_path, crash_broker=("ingest", 2))
+    outputs, plan, sent = run_pipeline(tmp_path, crash_broker=("ingest", 2))
     assert plan is None  # no job died: nothing to roll back
     assert_same(golden, outputs)
 
 
 def test_a_rollback_killed_half_way_and_run_again_ends_in_the_same_state(golden, tmp_path):
-    outputs, plan = run_pipeline(tmp_path, kill=("communities", 3), crash_rollback=True)
+    outputs, plan, sent = run_pipeline(tmp_path, kill=("communities", 3), crash_rollback=True)
     assert plan.frontiers["communities"] == [2, "inf"]
     assert_same(golden, outputs)
+    assert_resent_with_a_newer_generation(sent, plan)
 
 
 def test_the_rollback_dag_after_a_killed_region_ends_like_the_failure_free_run(

@@ -383,6 +383,21 @@ def test_answer_from_the_previous_epoch(spark, state):
     ]
 
 
+def test_an_epoch_committed_empty_is_the_snapshot_not_an_older_one(spark, state):
+    """Sparse input: popularity committed epoch 3 with no rows (nothing bought in its
+    window). Queries of epoch 4 get no items, not epoch 2's: the state as of e - 1."""
+    uc, inter, pop = state
+    uc3 = uc.filter("epoch = 2").withColumn("epoch", F.lit(3).cast("long"))
+    queries = spark.createDataFrame([("q1", 1, ORIGIN + 4_000, 4),
+                                     ("q5", 99, ORIGIN + 4_001, 4)], QUERIES)
+    out = serve.answer(queries, uc.unionByName(uc3), inter, pop.filter("epoch < 3"), 4)
+    assert rows(out, "query_id") == [(4, "q1", 1, 0, "c1", "[]"),  # c1 ranks nothing now
+                                     (4, "q5", 99, None, None, "[]")]
+    # And with no user_community rows at epoch 3 either, nobody is in a community.
+    out = serve.answer(queries, uc, inter, pop, 4)
+    assert [r[3] for r in rows(out, "query_id")] == [None, None]
+
+
 def test_answer_an_empty_epoch_and_an_empty_state(spark, state):
     uc, inter, pop = state
     no_queries = spark.createDataFrame([], QUERIES)

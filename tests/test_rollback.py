@@ -3,14 +3,15 @@ pipeline of tests/tiny_pipeline.py."""
 
 from __future__ import annotations
 
-import json
 import os
+import socket
 
 import pytest
 from deltalake import DeltaTable
 from tiny_pipeline import PIPE
 
 from falkirk.lake import read_table
+from falkirk.lease import Lease, current
 from falkirk.rollback import RollbackError, RollbackRequest
 
 
@@ -73,13 +74,40 @@ def test_bad_requests_are_refused_before_anything_changes(world, request_args, w
     assert len(log.records("tiny")) == rows_before and stopped == []
 
 
-def test_a_second_rollback_is_refused_while_one_runs(world, tmp_path):
-    _, _, executor, _ = world
-    lock = tmp_path / "locks" / "tiny.rollback.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    lock.write_text(json.dumps({"pid": os.getppid(), "host": os.uname().nodename}))
-    with pytest.raises(RollbackError, match="already running"):
+def test_a_second_rollback_from_another_machine_is_refused_while_one_runs(world):
+    """The lease lives in the epoch log: a holder on another host (which a lock file in this
+    machine's var/ would never see) keeps a second rollback out until its lease ends."""
+    _, log, executor, _ = world
+    other = Lease(log, "tiny", "rollback")
+    other.holder = {"host": "worker-2", "pid": os.getpid(), "started": 0.0}
+    other.offer()
+    assert other.settle() is None
+    with pytest.raises(RollbackError, match="already running .*pid .* on worker-2, lease "
+                                            "until"):
         executor.run(RollbackRequest("tiny", failed=["agg"], reason="x", dry_run=False))
+
+
+def test_two_offers_settle_on_one_holder_whatever_the_order_they_read(world):
+    """Forced interleaving: both contenders append their offer before either reads."""
+    _, log, _, _ = world
+    first, second = Lease(log, "tiny", "rollback"), Lease(log, "tiny", "rollback")
+    first.offer()
+    second.offer()
+    beaten = second.settle()  # the later offer reads first, and loses
+    assert beaten is not None and beaten.token == first.token
+    assert first.settle() is None
+    assert current(log.lease_rows("tiny", "rollback")).token == first.token
+
+
+def test_an_expired_lease_of_another_host_is_taken_over(world):
+    _, log, executor, _ = world
+    gone = Lease(log, "tiny", "rollback", ttl_s=0.0)  # expired as soon as offered
+    gone.holder = {"host": "worker-2", "pid": 1, "started": 0.0}
+    gone.offer()
+    assert gone.settle() is None
+    plan = executor.run(RollbackRequest("tiny", failed=["agg"], reason="x", dry_run=False))
+    assert plan.generation == 1
+    assert current(log.lease_rows("tiny", "rollback")) is None  # released at the end
 
 
 def test_a_crashed_rollback_is_resumed_to_the_same_end_state(world, tmp_path):
@@ -92,9 +120,10 @@ def test_a_crashed_rollback_is_resumed_to_the_same_end_state(world, tmp_path):
     from falkirk.delta import rollback_table
 
     rollback_table(executor.spark, cfg.table("t_mid"), plan.tables[0].to_version)
-    lock = tmp_path / "locks" / "tiny.rollback.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    lock.write_text(json.dumps({"pid": 2**22 + 12345, "host": os.uname().nodename}))
+    dead = Lease(log, "tiny", "rollback")  # its holder: a pid of this host, not running
+    dead.holder = {"host": socket.gethostname(), "pid": 2**22 + 12345, "started": 0.0}
+    dead.offer()
+    assert dead.settle() is None
     # A newer request resumes that plan first, and is then refused (not silently replaced).
     with pytest.raises(RollbackError, match=f"rollback {plan.rollback_id} had crashed and "
                                             "was resumed first .* was not carried out"):
@@ -102,7 +131,7 @@ def test_a_crashed_rollback_is_resumed_to_the_same_end_state(world, tmp_path):
     assert epochs_in(cfg, "t_mid") == [0, 1, 2, 3] and epochs_in(cfg, "t_out") == [0, 1, 2, 3]
     assert log.generation("tiny") == 1
     assert [r["status"] for r in log.rollbacks("tiny")] == ["started", "done"]
-    assert not lock.exists()
+    assert current(log.lease_rows("tiny", "rollback")) is None
 
 
 def test_an_epoch_committed_before_the_stop_is_in_the_plan_carried_out(world):
@@ -176,8 +205,7 @@ def test_fenced_regions_may_not_record_and_restarted_jobs_are_not_fenced(world):
             from falkirk.rollback import RollbackExecutor, RollbackRequest
             from tiny_pipeline import PIPE
             cfg = replace(load(), lake={cfg.lake!r})
-            RollbackExecutor(PIPE, cfg, EpochLog.from_config(cfg), stop_regions=print,
-                             lock_dir=Path({str(executor.lock_dir)!r})).run(
+            RollbackExecutor(PIPE, cfg, EpochLog.from_config(cfg), stop_regions=print).run(
                 RollbackRequest("tiny", failed=["agg"], reason="x", dry_run=False))
         """)
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -141,3 +141,15 @@ def test_a_kill_in_epoch_0_recovers_to_the_failure_free_outputs(reference, tmp_p
     assert r["ok"] and not r.get("error"), r
     assert r["killed_in_epoch"] == 0 and r["died_by"] == "SIGKILL", r
     assert r["lost"] == 0 and r["duplicated"] == 0, r
+
+
+def test_every_message_is_counted_with_its_generation():
+    """What a consumer that keeps every message sees: a's answer re-sent by generation 1
+    (a rollback redid it) and b's twice by generation 0 (a restart without one)."""
+    from falkirk.harness import count_sent
+
+    sent = count_sent([("a", "1", 0), ("b", "2", 0), ("a", "1", 1), ("b", "2", 0),
+                       ("c", "3", 0), ("c", "4", 1)])
+    assert sent == {"messages": 6, "keys": 3, "resent": 3,
+                    "resent_by_generation": {"0": 1, "1": 2}, "resent_same_generation": 1,
+                    "changed": 1}

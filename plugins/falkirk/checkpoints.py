@@ -1,4 +1,10 @@
-"""Incremental checkpoints of a region's keyed state in one Delta table (delta-rs, no Spark).
+"""Incremental checkpoints of a region's keyed state in one Delta table.
+
+Jobs save and restore with Spark (:meth:`CheckpointStore.save_frame`,
+:meth:`CheckpointStore.restore_frame`): the state never leaves Spark, the changed keys are found
+by a join and written by delta-spark. Where no Spark runs (garbage collection's compaction, a
+rollback's truncation, the CLI) the same table and manifest are read and written with delta-rs
+(:meth:`~CheckpointStore.save` and :meth:`~CheckpointStore.restore` are the Arrow forms).
 
 A lazy-checkpoint region saves its state every K epochs, an eager one every epoch; either
 must be able to restore exactly the state of *any* checkpoint it still offers (the frontier
@@ -37,7 +43,7 @@ import json
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +56,9 @@ from deltalake.transaction import CommitProperties, Transaction
 from falkirk.errors import FalkirkError
 from falkirk.faults import maybe_crash
 from falkirk.lake import TableSchemaError, ensure_table, read_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 CHECKPOINT = "checkpoint"
 KEY = "key"
@@ -197,7 +206,7 @@ class CheckpointStore:
         for limit in _HISTORY_STEPS:
             history = table.history(limit=limit)
             for info in history:  # newest first
-                body = info.get(MANIFEST_KEY)
+                body = info.get(MANIFEST_KEY) or _from_user_metadata(info.get("userMetadata"))
                 if body is not None:
                     return _parse_manifest(body, int(info["version"]), self.uri)
             if limit is None or len(history) < limit:
@@ -460,6 +469,80 @@ class CheckpointStore:
             files_removed=sorted(removed),
         )
 
+    # -- Spark: how jobs save and restore ---------------------------------------------------
+
+    def save_frame(self, checkpoint_id: int, current: DataFrame,
+                   previous: DataFrame | None) -> int:
+        """Commit checkpoint ``checkpoint_id`` of the state ``current`` with delta-spark.
+
+        The job's path: the state stays in Spark. What changed since ``previous`` (the state
+        of the previous checkpoint, None before the first) is found by a join on ``key`` in
+        Spark (:func:`changes`), and one append writes those rows with the manifest in the
+        commit's ``userMetadata`` and Delta's ``txnAppId``/``txnVersion`` =
+        (``falkirk.checkpoints``, id), so a replay of the same checkpoint commits nothing.
+        Returns the Delta version of the commit.
+        """
+        checkpoint_id = _as_id(checkpoint_id)
+        manifest = self._manifest(self._table())
+        if manifest.latest is not None and checkpoint_id <= manifest.latest:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id} of {self.uri} is not after the latest one, "
+                f"{manifest.latest}: checkpoint ids must increase"
+            )
+        rows = changes(previous, self._conform_frame(current), self.value_schema,
+                       checkpoint_id)
+        metadata = manifest.entry("save", (checkpoint_id,), checkpoint=checkpoint_id)
+        maybe_crash("checkpoint:before-save")
+        from falkirk.delta import spark_uri
+
+        (rows.sortWithinPartitions(KEY).write.format("delta").mode("append")
+         .option("txnAppId", APP_ID).option("txnVersion", checkpoint_id)
+         .option("userMetadata", json.dumps(metadata, separators=(",", ":")))
+         .save(spark_uri(self.uri)))
+        after = self._manifest(self._table())
+        if checkpoint_id not in after.versions:
+            raise CheckpointConflictError(
+                f"checkpoint {checkpoint_id} of {self.uri} was not committed: Delta skipped "
+                f"the write as already done by app {APP_ID!r}, or another writer's commit "
+                "landed after it (one writer per checkpoint store)")
+        return after.versions[checkpoint_id]
+
+    def restore_frame(self, spark: SparkSession, checkpoint_id: int) -> DataFrame:
+        """The exact state at ``checkpoint_id`` as a DataFrame (key + value columns).
+
+        Reads the table at the version the checkpoint names (``versionAsOf``), keeps rows of
+        checkpoints ≤ the id and per key the newest, tombstones dropped: as :meth:`restore`,
+        in Spark.
+        """
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        from falkirk.delta import spark_uri
+
+        checkpoint_id = _as_id(checkpoint_id)
+        version = self._version(self._manifest(self._table()), checkpoint_id)
+        rows = (spark.read.format("delta").option("versionAsOf", version)
+                .load(spark_uri(self.uri)).filter(F.col(CHECKPOINT) <= checkpoint_id))
+        newest = Window.partitionBy(KEY).orderBy(F.col(CHECKPOINT).desc())
+        return (rows.withColumn("_falkirk_rank", F.row_number().over(newest))
+                .filter((F.col("_falkirk_rank") == 1) & ~F.col(DELETED))
+                .select(*self.state_schema.names))
+
+    def _conform_frame(self, current: DataFrame) -> DataFrame:
+        """``current`` as key + value columns of the store's types, or a clear error."""
+        from pyspark.sql import functions as F
+
+        expected = self.state_schema.names
+        missing = [n for n in expected if n not in current.columns]
+        extra = [n for n in current.columns if n not in expected]
+        if missing or extra:
+            raise CheckpointError(
+                f"a state of {self.uri} must have columns {expected}: missing {missing}, "
+                f"extra {extra}"
+            )
+        target = _spark_types(self.state_schema)
+        return current.select([F.col(f"`{n}`").cast(target[n]).alias(n) for n in expected])
+
     # -- comparison ------------------------------------------------------------------------
 
     @staticmethod
@@ -527,6 +610,51 @@ def diff(previous: pa.Table | None, current: pa.Table) -> tuple[pa.Table, list[s
     kept[pc.drop_null(position).to_numpy()] = True
     gone = prev_keys.filter(pa.array(~kept))
     return current.filter(changed), gone.to_pylist()
+
+
+def changes(previous: DataFrame | None, current: DataFrame, value_schema: pa.Schema,
+            checkpoint_id: int) -> DataFrame:
+    """The rows checkpoint ``checkpoint_id`` writes, computed in Spark: the keys of
+    ``current`` that are new or whose values differ from ``previous`` (null-safe equality;
+    unlike :func:`diff`, Spark's, where NaN equals NaN and -0.0 equals 0.0), and a tombstone
+    for each key of ``previous`` missing from ``current``.
+
+    A null or repeated key in ``current`` fails the write of the checkpoint (a Spark
+    ``raise_error`` in the plan), naming the key, so a broken state is never committed.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    values = value_schema.names
+    per_key = Window.partitionBy(KEY)
+    checked = current.withColumn(
+        "_falkirk_check",
+        F.when(F.col(KEY).isNull(), F.raise_error(F.lit("a state row has a null key")))
+        .when(F.count(F.lit(1)).over(per_key) > 1,
+              F.raise_error(F.concat(F.lit("state key repeated: "), F.col(KEY))))
+        .otherwise(F.lit(True)),
+    ).filter(F.col("_falkirk_check")).drop("_falkirk_check")
+    stamp = [F.lit(checkpoint_id).cast("long").alias(CHECKPOINT), F.col(KEY)]
+    if previous is None:
+        return checked.select(*stamp, F.lit(False).alias(DELETED), *values)
+    cur = checked.withColumn("_falkirk_cur", F.lit(True))
+    prev = previous.select(F.col(KEY), *(F.col(v).alias(f"_falkirk_prev_{v}") for v in values),
+                           F.lit(True).alias("_falkirk_prev"))
+    joined = cur.join(prev, KEY, "full_outer")
+    same = F.lit(True)
+    for v in values:
+        same = same & F.col(v).eqNullSafe(F.col(f"_falkirk_prev_{v}"))
+    is_new = F.col("_falkirk_cur").isNotNull() & (F.col("_falkirk_prev").isNull() | ~same)
+    is_gone = F.col("_falkirk_cur").isNull()
+    return joined.filter(is_new | is_gone).select(
+        *stamp, is_gone.alias(DELETED),
+        *(F.when(is_gone, F.lit(None)).otherwise(F.col(v)).alias(v) for v in values))
+
+
+def _spark_types(schema: pa.Schema) -> dict[str, Any]:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return {f.name: f.dataType for f in from_arrow_schema(schema)}
 
 
 def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -601,6 +729,16 @@ def _file_sizes(table: DeltaTable) -> dict[str, int]:
     if actions.num_rows == 0:
         return {}
     return dict(zip(actions["path"].to_pylist(), actions["size_bytes"].to_pylist(), strict=True))
+
+
+def _from_user_metadata(text: Any) -> Any:
+    """The manifest a delta-spark commit carries in its ``userMetadata`` (a JSON string)."""
+    if not isinstance(text, str) or MANIFEST_KEY not in text:
+        return None
+    try:
+        return json.loads(text).get(MANIFEST_KEY)
+    except (ValueError, AttributeError):
+        return None
 
 
 def _parse_manifest(body: Any, version: int, uri: str) -> _Manifest:

@@ -267,7 +267,8 @@ def _airflow_html(af: dict | None) -> str:
 
 def report_html(pipeline, plan: dict, comparison: dict, series: dict, timings: dict,
                 golden_note: str = "", airflow: dict | None = None,
-                checks: dict | None = None, progress: str = "") -> str:
+                checks: dict | None = None, progress: str = "",
+                sent: dict | None = None) -> str:
     from falkirk.airflow.render import plan_html
 
     e = html.escape
@@ -309,8 +310,28 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}
 <h2>Comparison with the failure-free run</h2>
 <p>{e(golden_note)}</p>
 <table><tr><th>output</th><th>rows</th><th>lost</th><th>duplicated</th></tr>{rows}</table>
+{_sent_html(sent)}
 <h2>Time</h2><ul>{times}</ul>
 </body></html>"""
+
+
+def _sent_html(sent: dict | None) -> str:
+    """Every message on the output topics: what a consumer that keeps all of them sees."""
+    if not sent:
+        return ""
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{e(topic)}</td><td>{v['messages']}</td><td>{v['keys']}</td>"
+        f"<td>{v['resent']}</td><td>{e(json.dumps(v['resent_by_generation']))}</td>"
+        f"<td>{v['resent_same_generation']}</td><td>{v['changed']}</td></tr>"
+        for topic, v in sent.items())
+    return ("<h3>Every message on the output topics</h3><p>The comparison above reads "
+            "topics as clients that keep the latest message per key. Here every message "
+            "counts: an epoch redone after the rollback sent its answers again, with the "
+            "new generation in the <code>falkirk-generation</code> header "
+            "(docs/outputs.md).</p><table><tr><th>topic</th><th>messages</th><th>keys</th>"
+            "<th>re-sent</th><th>re-sent by generation</th><th>re-sent, same generation</th>"
+            f"<th>re-sent with another value</th></tr>{rows}</table>")
 
 
 # ---- the failure-free run (the reference for the comparison) ---------------------------
@@ -405,6 +426,7 @@ def main_direct(args: Namespace, console) -> int:
         with console.status("finishing the pipeline from the frontiers…"):
             run.wait(progress=lambda m: console.log(m))
         outputs = run.outputs()
+        sent = run.sent()
         series = throughput_per_epoch(run)
         pipeline = run.pipeline
     timings["run with the failure"] = time.monotonic() - t1
@@ -412,7 +434,7 @@ def main_direct(args: Namespace, console) -> int:
     timings["total"] = time.monotonic() - t0
     report = root / "report.html"
     report.write_text(report_html(pipeline, plan.to_json(), comparison, series, timings,
-                                  golden_note))
+                                  golden_note, sent=sent))
     return _verdict(console, comparison, plan.to_json()["frontiers"], report, timings)
 
 
@@ -1074,8 +1096,10 @@ def main_airflow(args: Namespace, console) -> int:
         t = demo.phase("outputs, comparison", t)
         demo.timings["total"] = time.monotonic() - demo.t0
         report = root / "report.html"
+        sent = demo.run.sent()
         report.write_text(report_html(demo.run.pipeline, plan, comparison, series,
-                                      demo.timings, golden_note, airflow, checks, progress))
+                                      demo.timings, golden_note, airflow, checks, progress,
+                                      sent))
         failed = False
     finally:
         demo.shutdown(failed)

@@ -263,6 +263,17 @@ class EpochLog:
                                  "regions": json.dumps(sorted(regions)),
                                  "recorded_at": datetime.now(UTC)}])
 
+    def record_lease(self, pipeline: str, lease: str, token: str, action: str,
+                     holder: dict, expires_at: datetime | None) -> None:
+        """One row of a lease's history (see :mod:`falkirk.lease`)."""
+        self._append("leases", [{"pipeline": pipeline, "lease": lease, "token": token,
+                                 "action": action, "holder": json.dumps(holder, default=str),
+                                 "expires_at": expires_at, "recorded_at": datetime.now(UTC)}])
+
+    def lease_rows(self, pipeline: str, lease: str) -> list[dict]:
+        """A lease's rows in commit order."""
+        return [r for r in self._read("leases", pipeline) if r["lease"] == lease]
+
     def fenced(self, pipeline: str, regions: Iterable[str], generation: int) -> int | None:
         """The newest generation after ``generation`` that fenced one of ``regions``, or
         None: a job of ``generation`` hosting them must not record another epoch."""

@@ -226,28 +226,43 @@ class LocalRun:
                                                                     default=str))
         return out
 
-    def latest_by_key(self, topic: str) -> dict[str, str]:
-        """A topic read as clients read it: the latest value per key."""
+    def messages(self, topic: str) -> list[tuple[str, str, int | None]]:
+        """Every message on a topic, in partition order: (key, value, generation header)."""
         from kafka import KafkaConsumer, TopicPartition
+
+        from falkirk.kafka_io import GENERATION_HEADER
 
         consumer = KafkaConsumer(bootstrap_servers=self.cfg.kafka_bootstrap, group_id=None,
                                  enable_auto_commit=False, consumer_timeout_ms=2000)
+        out: list[tuple[str, str, int | None]] = []
         try:
             parts = consumer.partitions_for_topic(topic) or set()
             tps = [TopicPartition(topic, p) for p in sorted(parts)]
             if not tps:
-                return {}
+                return out
             consumer.assign(tps)
             consumer.seek_to_beginning(*tps)
             ends = consumer.end_offsets(tps)
-            latest: dict[str, str] = {}
             while any(consumer.position(tp) < ends[tp] for tp in tps):
                 for records in consumer.poll(timeout_ms=1000).values():
                     for r in records:
-                        latest[r.key.decode()] = r.value.decode()
-            return latest
+                        gen = dict(r.headers or []).get(GENERATION_HEADER)
+                        out.append((r.key.decode(), r.value.decode(),
+                                    None if gen is None else int(gen)))
+            return out
         finally:
             consumer.close()
+
+    def latest_by_key(self, topic: str) -> dict[str, str]:
+        """A topic read as clients read it: the latest value per key."""
+        return {key: value for key, value, _ in self.messages(topic)}
+
+    def sent(self) -> dict[str, dict[str, Any]]:
+        """Per output topic, every message counted: what a consumer that does not keep
+        the latest per key sees (see :func:`count_sent`)."""
+        return {edge.topic: count_sent(self.messages(edge.topic))
+                for edge in self.pipeline.edges.values()
+                if edge.kind == "kafka" and edge.src is not None}
 
     def outputs(self) -> dict[str, Any]:
         """What a failure-free run and a run with rollbacks must agree on."""
@@ -256,6 +271,32 @@ class LocalRun:
             if edge.kind == "kafka" and edge.src is not None:
                 out[f"topic:{edge.topic}"] = self.latest_by_key(edge.topic)
         return out
+
+
+def count_sent(messages: list[tuple[str, str, int | None]]) -> dict[str, Any]:
+    """Messages, keys, and the re-sends among them (a key's messages after its first).
+
+    ``resent_by_generation``: re-sends per generation header; a rollback's redone epochs
+    re-send with the new generation. ``resent_same_generation``: re-sends carrying the
+    generation of an earlier message of the key (a job restarted without a rollback);
+    ``changed``: re-sends whose value differs from the key's previous one.
+    """
+    seen: dict[str, tuple[str, set[int | None]]] = {}
+    by_gen: dict[str, int] = {}
+    same = changed = 0
+    for key, value, gen in messages:
+        if key in seen:
+            last, gens = seen[key]
+            by_gen[str(gen)] = by_gen.get(str(gen), 0) + 1
+            same += gen in gens
+            changed += value != last
+            gens.add(gen)
+            seen[key] = (value, gens)
+        else:
+            seen[key] = (value, {gen})
+    return {"messages": len(messages), "keys": len(seen), "resent": len(messages) - len(seen),
+            "resent_by_generation": dict(sorted(by_gen.items())),
+            "resent_same_generation": same, "changed": changed}
 
 
 def generate_args(pipeline: Pipeline, **options: Any):

@@ -193,16 +193,30 @@ def _empty_source(spark: SparkSession) -> DataFrame:
             "timestamp timestamp, timestampType int")
 
 
-def produce(df: DataFrame, bootstrap: str, topic: str) -> int:
+#: The headers every output record carries (docs/outputs.md): which run of which epoch sent it.
+GENERATION_HEADER, EPOCH_HEADER, REGION_HEADER = ("falkirk-generation", "falkirk-epoch",
+                                                  "falkirk-region")
+
+
+def produce(df: DataFrame, bootstrap: str, topic: str,
+            headers: dict[str, str] | None = None) -> int:
     """Send a DataFrame of ``key`` and ``value`` strings to a topic; return how many.
 
     Written from the executors by the connector, acks=all with the idempotent producer;
-    a failed send fails the write. At-least-once across a rerun: the same records are sent
-    again (downstream readers keep the latest per key, and rows carry their generation).
+    a failed send fails the write. ``headers`` go on every record (the runtime sends the
+    generation, epoch and region). At-least-once across a rerun: an epoch redone after a
+    rollback sends its records again with the new generation; consumers keep the latest
+    per key, or drop a key's records of older generations.
     """
+    from pyspark.sql import functions as F
+
     if df.columns != ["key", "value"]:
         raise KafkaIOError(f"output for topic {topic!r} must have columns key, value; "
                            f"got {df.columns}")
+    if headers:
+        df = df.withColumn("headers", F.array(*(
+            F.struct(F.lit(k).alias("key"), F.lit(v).cast("binary").alias("value"))
+            for k, v in headers.items())))
     df = df.persist()
     try:
         n = df.count()

@@ -3,7 +3,8 @@ consistent pipeline.
 
 1. Build the solver's problem from the epoch log and solve it: per region, the frontier
    it restores to. In a dry run, stop here and show the plan.
-2. Take the pipeline's rollback lock (a second rollback is refused while one runs).
+2. Take the pipeline's rollback lease in the epoch log (a second rollback, from any
+   machine, is refused while one runs).
 3. Fence the affected regions (their jobs may no longer record an epoch: the new
    generation is recorded for them) and stop the jobs hosting them (a hook: the
    supervisor or the caller's); then plan again from the log as it is, until the plan
@@ -23,13 +24,10 @@ recorded, so running it again ends in the same state as an uninterrupted run.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from falkirk.config import Config, load
@@ -206,12 +204,12 @@ class RollbackExecutor:
     def __init__(self, pipeline: Pipeline, cfg: Config | None = None,
                  epoch_log: EpochLog | None = None,
                  stop_regions: Callable[[set[str]], None] | None = None,
-                 lock_dir: Path | None = None, spark: Any = None):
+                 spark: Any = None, lease_ttl_s: float = 120.0):
         self.pipeline = pipeline
         self.cfg = cfg or load()
         self.log = epoch_log or EpochLog.from_config(self.cfg)
         self.stop_regions = stop_regions
-        self.lock_dir = lock_dir or Path(self.cfg.var_dir) / "locks"
+        self.lease_ttl_s = lease_ttl_s
         self._spark = spark
 
     @property
@@ -228,33 +226,17 @@ class RollbackExecutor:
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """One rollback per pipeline at a time. A lock whose holder died is taken over
-        (the rollback it held is resumed from the log)."""
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
-        path = self.lock_dir / f"{self.pipeline.name}.rollback.lock"
-        me = {"pid": os.getpid(), "host": socket.gethostname()}
-        for _ in range(2):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    holder = json.loads(path.read_text() or "{}")
-                except (OSError, ValueError):
-                    holder = {}
-                if holder.get("host") == me["host"] and not _alive(holder.get("pid")):
-                    path.unlink(missing_ok=True)  # stale: its holder died
-                    continue
-                raise RollbackError(
-                    f"a rollback of pipeline {self.pipeline.name!r} is already running "
-                    f"(pid {holder.get('pid')} on {holder.get('host')}); try again when it "
-                    "has finished") from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            break
+        """One rollback per pipeline at a time, on any machine: a lease in the epoch log
+        (:mod:`falkirk.lease`). A holder that died is taken over (the rollback it held is
+        then resumed from the log)."""
+        from falkirk.lease import Lease, LeaseHeldError
+
         try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)
+            with Lease(self.log, self.pipeline.name, "rollback", self.lease_ttl_s).held():
+                yield
+        except LeaseHeldError as exc:
+            raise RollbackError(f"a rollback of pipeline {self.pipeline.name!r} is already "
+                                f"running ({exc}); try again when it has finished") from None
 
     # -- running --------------------------------------------------------------------------
 
@@ -358,15 +340,3 @@ class RollbackExecutor:
         store = CheckpointStore.open(uri, self.cfg.delta_storage_options or None)
         if store is not None:
             store.truncate_after(through)
-
-
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -157,8 +157,9 @@ class EpochResult:
 class JobLogic(ABC):
     """A job's pure part. Subclasses set ``regions`` and implement ``process``.
 
-    Stateful regions also say how their state becomes a keyed Arrow table (for the
-    incremental checkpoints) and back.
+    Stateful regions also say how their state becomes a DataFrame with a unique string
+    ``key`` column and the ``state_schema`` value columns (for the incremental checkpoints,
+    which Spark computes and writes) and back.
     """
 
     regions: tuple[str, ...] = ()
@@ -178,10 +179,10 @@ class JobLogic(ABC):
         raise RuntimeFailure(f"{type(self).__name__} keeps state for {region!r} but declares "
                              "no state_schema")
 
-    def state_to_arrow(self, region: str, state: Any) -> pa.Table:
+    def state_to_frame(self, region: str, state: Any) -> Any:
         raise RuntimeFailure(f"{type(self).__name__} cannot checkpoint {region!r}")
 
-    def state_from_arrow(self, region: str, table: pa.Table, spark: Any) -> Any:
+    def state_from_frame(self, region: str, frame: Any, spark: Any) -> Any:
         raise RuntimeFailure(f"{type(self).__name__} cannot restore {region!r}")
 
 
@@ -239,7 +240,7 @@ class JobRunner:
                 self.done[r] = -1 if not rows else epoch_of_key(
                     spec.domain, DOMAINS[spec.domain].parse(rows[-1].time))
         self.state: dict[str, Any] = {}
-        self.state_tables: dict[str, pa.Table | None] = {}
+        self.state_frames: dict[str, Any] = {}  # region -> its state at its last checkpoint
         self.checkpoints: dict[str, Any] = {}
         for r in self.regions:
             if pipeline.regions[r].keeps_state:
@@ -294,7 +295,7 @@ class JobRunner:
         done = self.done[region]
         if done < 0:
             self.state[region] = self.logic.initial_state(region, self.spark)
-            self.state_tables[region] = None
+            self.state_frames[region] = None
             return
         spec = self.pipeline.regions[region]
         row = rlog.entries.get(DOMAINS[spec.domain].parse(time_of(spec.domain, done)))
@@ -303,11 +304,11 @@ class JobRunner:
                 f"region {region!r} restarts after epoch {done}, but the epoch log names no "
                 "state checkpoint for it"
             )
-        table = self.checkpoint_store(region).restore(int(row.state_ref.split(":")[-1]))
-        self.state_tables[region] = table
-        self.state[region] = self.logic.state_from_arrow(region, table, self.spark)
-        log.info("region %s: state restored from %s (%d keys)", region, row.state_ref,
-                 table.num_rows)
+        frame = self.checkpoint_store(region).restore_frame(
+            self.spark, int(row.state_ref.split(":")[-1]))
+        self.state_frames[region] = frame
+        self.state[region] = self.logic.state_from_frame(region, frame, self.spark)
+        log.info("region %s: state restored from %s", region, row.state_ref)
 
     def writer(self, region: str, edge: EdgeSpec):
         from falkirk.delta import EpochWriter
@@ -484,8 +485,9 @@ class JobRunner:
                                              "version": committed[edge.table]}
                 else:
                     outputs[r][edge.name] = {"topic": edge.topic,
-                                             "records": produce(df, self.cfg.kafka_bootstrap,
-                                                                edge.topic)}
+                                             "records": produce(
+                                                 df, self.cfg.kafka_bootstrap, edge.topic,
+                                                 self._headers(r, e))}
         rows = []
         for r in sorted(active):
             spec = self.pipeline.regions[r]
@@ -529,6 +531,12 @@ class JobRunner:
                 f"{self.generation}): a rollback to generation {newer} fenced it; epoch {e} "
                 "is not recorded")
 
+    def _headers(self, region: str, e: int) -> dict[str, str]:
+        from falkirk.kafka_io import EPOCH_HEADER, GENERATION_HEADER, REGION_HEADER
+
+        return {GENERATION_HEADER: str(self.generation), EPOCH_HEADER: str(e),
+                REGION_HEADER: region}
+
     def _time(self, region: str, e: int) -> Any:
         return time_of(self.pipeline.regions[region].domain, e)
 
@@ -543,12 +551,9 @@ class JobRunner:
         return version
 
     def _checkpoint(self, region: str, e: int) -> str:
-        from falkirk.checkpoints import diff
-
-        table = self.logic.state_to_arrow(region, self.state[region])
-        changed, deleted = diff(self.state_tables.get(region), table)
-        self.checkpoint_store(region).save(e, changed, deleted)
-        self.state_tables[region] = table
+        frame = self.logic.state_to_frame(region, self.state[region])
+        self.checkpoint_store(region).save_frame(e, frame, self.state_frames.get(region))
+        self.state_frames[region] = frame
         return f"checkpoint:{e}"
 
     def close(self) -> None:
@@ -585,11 +590,11 @@ class CompositeJob(JobLogic):
     def state_schema(self, region: str) -> pa.Schema:
         return self._owner(region).state_schema(region)
 
-    def state_to_arrow(self, region: str, state: Any) -> pa.Table:
-        return self._owner(region).state_to_arrow(region, state)
+    def state_to_frame(self, region: str, state: Any) -> Any:
+        return self._owner(region).state_to_frame(region, state)
 
-    def state_from_arrow(self, region: str, table: pa.Table, spark: Any) -> Any:
-        return self._owner(region).state_from_arrow(region, table, spark)
+    def state_from_frame(self, region: str, frame: Any, spark: Any) -> Any:
+        return self._owner(region).state_from_frame(region, frame, spark)
 
     def process(self, ctx: EpochContext) -> EpochResult:
         from pyspark.sql import functions as F

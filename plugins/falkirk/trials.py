@@ -375,6 +375,7 @@ def run_trial(trial: Trial, root: Path, data: dict[str, int], golden: dict[str, 
             run.generate(**data)
             result.update(kill_and_recover(run, trial, data, say))
             report = compare(golden, run.outputs())
+            result["sent"] = run.sent()  # every message, not only the latest per key
         result["lost"] = sum(v["lost"] for v in report.values())
         result["duplicated"] = sum(v["duplicated"] for v in report.values())
         result["tables_differ"] = sorted(k for k, v in report.items()
@@ -410,6 +411,9 @@ def totals(results: list[dict[str, Any]]) -> dict[str, Any]:
         "lost": sum(r["lost"] or 0 for r in results),
         "duplicated": sum(r["duplicated"] or 0 for r in results),
         "tables_differ": sorted({t for r in results for t in r["tables_differ"]}),
+        "resent": sum(t["resent"] for r in results for t in (r.get("sent") or {}).values()),
+        "resent_same_generation": sum(t["resent_same_generation"] for r in results
+                                      for t in (r.get("sent") or {}).values()),
         "trials_with_differences": sum(1 for r in results if r["tables_differ"]),
         "recover_s": stats(values("recover_s")),
         "redone_s": stats(values("redone_s")),

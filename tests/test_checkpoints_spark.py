@@ -1,0 +1,74 @@
+"""The jobs' checkpoint path: state kept in Spark, changes found and written by delta-spark,
+restored with ``versionAsOf``; read back by delta-rs as well (one table, two engines)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from test_checkpoints import STATE, VALUES, diff, states
+
+from falkirk.checkpoints import CheckpointError, CheckpointStore
+from falkirk.lake import read_table
+
+
+def frame(spark, table: pa.Table):
+    return spark.createDataFrame(table.to_pylist(), "key string, label long, size long, "
+                                                    "updated double")
+
+
+def rows(table: pa.Table) -> list[tuple]:
+    return sorted(tuple(r.values()) for r in table.select(STATE.names).to_pylist())
+
+
+def test_each_checkpoint_writes_only_what_changed_and_restores_exactly(spark, tmp_path):
+    store = CheckpointStore(str(tmp_path / "state"), VALUES)
+    previous, prev_table = None, None
+    seq = states()
+    for cid, table in seq:
+        current = frame(spark, table)
+        version = store.save_frame(cid, current, previous)
+        changed, gone = diff(prev_table, table)
+        written = read_table(store.uri, version).filter(pa.compute.equal(
+            read_table(store.uri, version)["checkpoint"], cid))
+        assert written.num_rows == changed.num_rows + len(gone), cid  # incremental
+        assert sorted(written.filter(written["deleted"])["key"].to_pylist()) == sorted(gone)
+        previous, prev_table = current, table
+    assert store.checkpoints() == [cid for cid, _ in seq]
+    for cid, table in seq:
+        assert rows(store.restore_frame(spark, cid).toArrow()) == rows(table), cid
+        assert rows(store.restore(cid)) == rows(table), cid  # delta-rs reads the same
+
+
+def test_a_checkpoint_is_not_saved_twice_and_is_saved_again_after_truncation(spark, tmp_path):
+    store = CheckpointStore(str(tmp_path / "state"), VALUES)
+    (c0, s0), (c3, s3) = states()[:2]
+    store.save_frame(c0, frame(spark, s0), None)
+    store.save_frame(c3, frame(spark, s3), frame(spark, s0))
+    with pytest.raises(CheckpointError, match="not after the latest one, 3"):
+        store.save_frame(c3, frame(spark, s3), frame(spark, s0))  # a replayed epoch
+    assert store.truncate_after(c0) == [c3]  # a rollback to 0 (a delta-rs commit)
+    changed = s3.filter(pa.compute.not_equal(s3["key"], "k001"))
+    # The same id again, with other state: Delta's txn marker went back with the manifest.
+    store.save_frame(c3, frame(spark, changed), frame(spark, s0))
+    assert rows(store.restore_frame(spark, c3).toArrow()) == rows(changed)
+    assert store.checkpoints() == [c0, c3]
+
+
+@pytest.mark.parametrize("keys, message", [(["a", "a"], "state key repeated: a"),
+                                           ([None, "b"], "a state row has a null key")])
+def test_a_state_with_bad_keys_commits_nothing_and_says_why(spark, tmp_path, keys, message):
+    store = CheckpointStore(str(tmp_path / "state"), VALUES)
+    bad = pa.table({"key": keys, "label": [1, 2], "size": [1, 2], "updated": [0.0, 1.0]},
+                   schema=STATE)
+    version = DeltaTable(store.uri).version()
+    with pytest.raises(Exception, match=message):
+        store.save_frame(0, frame(spark, bad), None)
+    assert DeltaTable(store.uri).version() == version and store.checkpoints() == []
+
+
+def test_a_state_without_the_declared_columns_is_refused(spark, tmp_path):
+    store = CheckpointStore(str(tmp_path / "state"), VALUES)
+    wrong = spark.createDataFrame([("a", 1)], "key string, label long")
+    with pytest.raises(CheckpointError, match=r"missing \['size', 'updated'\]"):
+        store.save_frame(0, wrong, None)
