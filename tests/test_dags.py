@@ -343,3 +343,42 @@ def test_invalidated_batch_epochs_are_rerun_in_order(tmp_path, monkeypatch):
     with pytest.raises(FalkirkError, match="rerun of popularity epoch 4 exited 3; see .*"
                                            "reference-popularity.log"):
         streams.rerun_batch_epochs(pipeline, [{"region": "popularity", "time": 4}])
+
+
+def test_the_supervisor_starts_nothing_while_paused_and_resumes_a_crashed_rollback_first(
+        sandbox, monkeypatch):
+    """Forced interleaving: a rollback recorded its plan and died (its lease holder is
+    gone); the supervisor's start step runs next. It finishes that rollback before it
+    starts any job; while a rollback run's pause marker exists it starts nothing."""
+    from falkirk import procs
+    from falkirk.airflow import streams, supervisor
+    from falkirk.epochlog import EpochLog
+    from falkirk.rollback import RollbackExecutor, RollbackRequest
+    from falkirk.topology import load_pipeline
+
+    pipeline = load_pipeline("reference")
+    log = EpochLog.from_config(sandbox)
+    executor = RollbackExecutor(pipeline, sandbox, log, stop_regions=lambda regions: None)
+    request = RollbackRequest("reference", failed=["communities"], reason="died",
+                              dry_run=False)
+    plan = executor.plan(request)
+    log.record_rollback("reference", plan.rollback_id, plan.generation, "started",
+                        {**request.__dict__}, plan.to_json())
+    at_start: list[dict | None] = []
+
+    def start_streams(pipe, cfg=None, only=None):
+        at_start.append(log.unfinished_rollback("reference"))
+        return {}
+
+    monkeypatch.setattr(streams, "start_streams", start_streams)
+    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions: [])
+    marker = streams.pause_marker(pipeline)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    assert supervisor.start("reference") == {} and at_start == []  # paused: nothing at all
+    assert log.unfinished_rollback("reference") is not None  # the rollback run's to finish
+    marker.unlink()
+    supervisor.start("reference")
+    assert at_start == [None]  # the crashed rollback was finished before any start
+    assert [r["status"] for r in log.rollbacks("reference")] == ["started", "done"]
+    assert log.generation("reference") == plan.generation

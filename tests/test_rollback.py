@@ -124,13 +124,19 @@ def test_a_crashed_rollback_is_resumed_to_the_same_end_state(world, tmp_path):
     dead.holder = {"host": socket.gethostname(), "pid": 2**22 + 12345, "started": 0.0}
     dead.offer()
     assert dead.settle() is None
-    # A newer request resumes that plan first, and is then refused (not silently replaced).
-    with pytest.raises(RollbackError, match=f"rollback {plan.rollback_id} had crashed and "
-                                            "was resumed first .* was not carried out"):
-        executor.run(RollbackRequest("tiny", failed=["agg"], reason="again", dry_run=False))
-    assert epochs_in(cfg, "t_mid") == [0, 1, 2, 3] and epochs_in(cfg, "t_out") == [0, 1, 2, 3]
-    assert log.generation("tiny") == 1
-    assert [r["status"] for r in log.rollbacks("tiny")] == ["started", "done"]
+    # A newer request waits for that plan to be resumed and finished, then is planned from
+    # the log as the resumed one left it (not silently replaced, not run over it).
+    said: list[str] = []
+    newer = executor.run(RollbackRequest("tiny", region="agg", to_epoch=1, reason="again",
+                                         dry_run=False), progress=said.append)
+    assert any(f"rollback {plan.rollback_id} ('agg died') had crashed and was resumed first"
+               in m for m in said), said
+    assert newer.rollback_id != plan.rollback_id and newer.generation == 2
+    assert epochs_in(cfg, "t_mid") == [0, 1] and epochs_in(cfg, "t_out") == [0, 1]
+    assert log.generation("tiny") == 2
+    rows = [(r["rollback_id"], r["status"]) for r in log.rollbacks("tiny")]
+    assert rows == [(plan.rollback_id, "started"), (plan.rollback_id, "done"),
+                    (newer.rollback_id, "started"), (newer.rollback_id, "done")]
     assert current(log.lease_rows("tiny", "rollback")) is None
 
 

@@ -304,15 +304,19 @@ class CheckpointStore:
             files=len(added),
         )
 
-    def _conform(self, changed: pa.Table) -> pa.Table:
-        """``changed`` as key + value columns of the store's types, or a clear error."""
+    def _check_columns(self, columns: list[str], what: str) -> list[str]:
+        """The store's key + value column names, if ``columns`` are exactly those."""
         expected = self.state_schema.names
-        missing = [n for n in expected if n not in changed.column_names]
-        extra = [n for n in changed.column_names if n not in expected]
+        missing = [n for n in expected if n not in columns]
+        extra = [n for n in columns if n not in expected]
         if missing or extra:
             raise CheckpointError(
-                f"changed rows must have columns {expected}: missing {missing}, extra {extra}"
-            )
+                f"{what} must have columns {expected}: missing {missing}, extra {extra}")
+        return expected
+
+    def _conform(self, changed: pa.Table) -> pa.Table:
+        """``changed`` as key + value columns of the store's types, or a clear error."""
+        expected = self._check_columns(changed.column_names, "changed rows")
         try:
             return changed.select(expected).cast(self.state_schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -532,14 +536,7 @@ class CheckpointStore:
         """``current`` as key + value columns of the store's types, or a clear error."""
         from pyspark.sql import functions as F
 
-        expected = self.state_schema.names
-        missing = [n for n in expected if n not in current.columns]
-        extra = [n for n in current.columns if n not in expected]
-        if missing or extra:
-            raise CheckpointError(
-                f"a state of {self.uri} must have columns {expected}: missing {missing}, "
-                f"extra {extra}"
-            )
+        expected = self._check_columns(current.columns, f"a state of {self.uri}")
         target = _spark_types(self.state_schema)
         return current.select([F.col(f"`{n}`").cast(target[n]).alias(n) for n in expected])
 

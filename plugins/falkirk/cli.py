@@ -298,6 +298,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.main(args)
 
 
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from falkirk import chaos
+
+    return chaos.main(args)
+
+
 def cmd_trials(args: argparse.Namespace) -> int:
     from falkirk import trials
 
@@ -416,6 +422,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=5, help="epochs of input per run")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     p.set_defaults(func=cmd_trials)
+
+    p = sub.add_parser("chaos", help="fault campaign: one long run, killing jobs, rollbacks "
+                       "and the broker at random moments; compare with a failure-free run")
+    p.add_argument("--minutes", type=float, default=60, help="how long to keep breaking "
+                   "things (default 60)")
+    p.add_argument("--seed", type=int, default=1, help="draws the targets and moments")
+    p.add_argument("--events", type=int, default=60000, help="events of input")
+    p.add_argument("--epochs", type=int, default=120, help="epochs of input")
+    p.add_argument("--workdir", help="where the sandboxes go (default: a new temp folder)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON here")
+    p.set_defaults(func=cmd_chaos)
 
     p = sub.add_parser("bench", help="print performance figures")
     p.add_argument("what", choices=list(BENCHES), help="which benchmark")

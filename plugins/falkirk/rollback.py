@@ -267,12 +267,12 @@ class RollbackExecutor:
                     self.stop_regions(plan.affected)  # restarted meanwhile, maybe
                 self._carry_out(plan, say)
                 self._done(plan, say)
-                if asdict(plan.request) != asdict(request):
-                    raise RollbackError(
-                        f"rollback {plan.rollback_id} had crashed and was resumed first "
-                        f"({plan.request.reason!r}); this request ({request.reason!r}) was "
-                        "not carried out: look at a new dry run, then ask again")
-                return plan
+                if asdict(plan.request) == asdict(request):
+                    return plan
+                # The newer request waited for the crashed one; it is planned from the log
+                # as that left it (a confirmed plan that no longer holds is refused below).
+                say(f"rollback {plan.rollback_id} ({plan.request.reason!r}) had crashed and "
+                    f"was resumed first; now this request ({request.reason!r})")
             plan = self._stop_then_plan(request, say)
             if confirmed is not None and confirmed != plan.frontiers:
                 moved = {r: {"confirmed": confirmed.get(r), "now": f}

@@ -18,8 +18,27 @@ log = logging.getLogger(__name__)
 
 
 def start(pipeline: str) -> dict[str, int]:
-    """Start the stream jobs that are neither running nor finished (their input ended)."""
-    started = streams.start_streams(load_pipeline(pipeline))
+    """Start the stream jobs that are neither running nor finished (their input ended).
+
+    Not while a rollback run has paused the streams (it starts them itself), and not before
+    a rollback that crashed half-way is finished: it is resumed first, from the epoch log
+    (the generation it moved to is the one the jobs must start in).
+    """
+    from falkirk.epochlog import EpochLog
+
+    pipe = load_pipeline(pipeline)
+    if streams.pause_marker(pipe).exists():
+        log.info("a rollback run paused the streams (%s): it restarts them; starting nothing",
+                 streams.pause_marker(pipe))
+        return {}
+    pending = EpochLog.from_config().unfinished_rollback(pipe.name)
+    if pending is not None:
+        log.info("rollback %s did not finish: resuming it before any job starts",
+                 pending["rollback_id"])
+        request = RollbackRequest(**{**pending["request"], "dry_run": False})
+        RollbackExecutor(pipe, stop_regions=lambda regions: procs.stop_regions(pipe, regions)
+                         ).run(request, progress=log.info)
+    started = streams.start_streams(pipe)
     log.info("started %s", started or "nothing: every stream job runs or has finished")
     return started
 

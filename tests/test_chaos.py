@@ -1,0 +1,22 @@
+"""A short fault campaign (CI's variant of ``falkirk chaos``): one run of the reference
+pipeline, jobs, rollbacks and the broker killed at seeded moments, every output compared
+with a failure-free run's, every message on the output topics counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from falkirk.chaos import campaign
+from falkirk.trials import input_of
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_short_campaign_loses_duplicates_and_sticks_nothing(tmp_path):
+    result = campaign(tmp_path, minutes=1.5, seed=2, data=input_of(1500, 6), say=print)
+    assert result["kills"] >= 1, result["events"]
+    assert result["rollbacks"] >= 1 or set(result["kills_by_target"]) == {"broker"}
+    summary = {k: result[k] for k in ("lost", "duplicated", "stuck", "changed_on_resend",
+                                      "outputs_differ")}
+    assert summary == {"lost": 0, "duplicated": 0, "stuck": 0, "changed_on_resend": 0,
+                       "outputs_differ": []}, result
