@@ -57,3 +57,24 @@ def test_bad_rollback_requests_are_one_clear_line(world, tmp_path):
     run = falkirk(world, tmp_path, "rollback", "--failed", "agg,nope", "--reason", "x")
     assert run.returncode == 2
     assert "has no region(s) ['nope']" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_validate_says_when_a_pipeline_declares_nothing_to_check(world, tmp_path):
+    run = falkirk(world, tmp_path, "validate", "--no-docs")
+    assert run.returncode == 0, run.stderr
+    assert "pipeline 'tiny' declares no expectation suite" in " ".join(run.stdout.split())
+
+
+def test_a_suite_beside_the_declaration_is_the_one_checked(world, tmp_path):
+    """A pipeline's own schemas/expectations/<table>.json (not falkirk's) checks its table."""
+    folder = tmp_path / "schemas" / "expectations"
+    folder.mkdir(parents=True)
+    (folder / "t_out.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_be_in_set",
+         "kwargs": {"column": "value", "value_set": ["t_out0", "t_out1"]}}]}))
+    run = falkirk(world, tmp_path, "validate", "--no-docs", "--json", "--no-quarantine")
+    report = json.loads(run.stdout)
+    checked = {(e["region"], e["epoch"]): e for e in report["epochs"]}
+    assert set(checked) == {("report", k) for k in range(5)}, report
+    failed = sorted(k for (_, k), e in checked.items() if e["failed"])
+    assert failed == [2, 3, 4], report  # values t_out2.. are outside the set

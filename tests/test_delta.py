@@ -75,6 +75,20 @@ def test_write_epochs_and_read_back(spark, tmp_path):
     assert meta == {"falkirk": {"region": "agg", "generation": 1, "epoch": 1}}
 
 
+def test_an_epochs_spark_jobs_are_named_by_pipeline_region_epoch_and_generation(spark,
+                                                                                tmp_path):
+    from falkirk.runtime import name_spark_jobs
+
+    writer = EpochWriter(spark, str(tmp_path / "named"), "agg", 2, SCHEMA)
+    writer.ensure_table()
+    group = name_spark_jobs(spark, "tiny", {"report", "agg"}, 7, 2)
+    assert group == "falkirk/tiny/agg+report/e7/g2"
+    write_epochs(spark, writer, [7])
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup(group)  # the write's jobs
+    assert spark.sparkContext.getLocalProperty("spark.job.description") == (
+        "falkirk tiny: agg+report epoch 7 (generation 2)")
+
+
 def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, tmp_path):
     """Cross-engine: delta-rs (CLI, Airflow tasks, checks) reads what delta-spark wrote, at
     every version, including a RESTORE; every data commit comes from delta-spark."""

@@ -155,3 +155,39 @@ def test_settings_keep_the_applications_own_keys():
     p = Pipeline.from_dict(SMALL)
     assert p.settings["top_n"] == 5 and p.settings["epoch_seconds"] == 10
     assert p.checks_setting("on_failure") == "quarantine"  # the declared default
+
+
+def test_pipelines_outside_the_checkout_are_found_and_each_is_checked(tmp_path):
+    """$FALKIRK_PIPELINES: a pipeline folder (its own jobs and schemas) and a broken file
+    are listed beside the checkout's reference pipeline; the broken one names its error."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    folder = tmp_path / "pipelines"
+    small = folder / "small"
+    (small / "jobs").mkdir(parents=True)
+    (small / "schemas" / "tables").mkdir(parents=True)
+    data = copy.deepcopy(SMALL)
+    data["edges"].pop("labels")
+    data["regions"]["stats"]["job"] = "jobs/stats.py"
+    for spec in data["regions"].values():
+        (small / spec["job"]).write_text("")
+    for e in data["edges"].values():
+        if e["kind"] == "delta":
+            (small / "schemas" / "tables" / f"{e['table']}.json").write_text(
+                json.dumps({"fields": [{"name": "epoch", "type": "int64"}]}))
+    (small / "pipeline.yaml").write_text(yaml.safe_dump(data))
+    broken = {**copy.deepcopy(data), "pipeline": "broken"}
+    broken["regions"]["ingest"]["job"] = "jobs/nowhere.py"
+    (folder / "broken.yaml").write_text(yaml.safe_dump(broken))
+    run = subprocess.run([sys.executable, "-m", "falkirk.cli", "pipelines", "--json"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FALKIRK_PIPELINES": str(folder)})
+    assert run.returncode == 1, run.stderr  # one of them is broken
+    found = json.loads(run.stdout)
+    assert found["small"] == {"file": str(small / "pipeline.yaml"), "error": None}
+    assert found["reference"]["error"] is None
+    assert "region 'ingest': job file jobs/nowhere.py not found" in found["broken"]["error"]

@@ -111,7 +111,7 @@ class Suites:
     """An ephemeral GX context holding every suite, a pandas and a Spark data source (a
     checkpoint per table on each), and Data Docs."""
 
-    def __init__(self, tables: Iterable[str], docs_dir: Path | None = None,
+    def __init__(self, tables: Iterable[str] | dict[str, Path], docs_dir: Path | None = None,
                  spark: Any = None):
         import great_expectations as gx
         from great_expectations.core.expectation_suite import ExpectationSuite
@@ -136,14 +136,16 @@ class Suites:
                                   "base_directory": str(docs_dir)},
                 "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}})
         self.checkpoints: dict[tuple[str, str], Any] = {}
-        for table in tables:
-            raw = load_suite(table)
+        files = tables if isinstance(tables, dict) else {
+            t: SUITES_DIR / f"{t}.json" for t in tables}
+        for table, path in files.items():
+            raw = load_suite(table, path.parent)
             try:
                 suite = self.context.suites.add(ExpectationSuite(
                     name=raw["name"], expectations=raw["expectations"],
                     meta=raw.get("meta") or {}))
             except Exception as err:  # GX names the bad expectation; say which file
-                raise CheckError(f"{SUITES_DIR / (table + '.json')}: {err}") from err
+                raise CheckError(f"{path}: {err}") from err
             for engine, source in sources.items():
                 batch = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe(
                     "epoch")
@@ -205,9 +207,21 @@ class Validator:
     @property
     def suites(self) -> Suites:
         if self._suites is None:
-            tables = [t for t in self.tables if (SUITES_DIR / f"{t}.json").exists()]
-            self._suites = Suites(tables, self.docs_dir if self._docs else None, self.spark)
+            self._suites = Suites(self.suite_files(), self.docs_dir if self._docs else None,
+                                  self.spark)
         return self._suites
+
+    def suite_files(self) -> dict[str, Path]:
+        """Table -> its suite file: in the pipeline's own ``schemas/expectations/`` first,
+        else in falkirk's; tables with neither have none."""
+        folders = [r / "expectations" for r in self.pipeline.schema_roots] + [SUITES_DIR]
+        out = {}
+        for table in self.tables:
+            path = next((f / f"{table}.json" for f in folders
+                         if (f / f"{table}.json").exists()), None)
+            if path is not None:
+                out[table] = path
+        return out
 
     @property
     def pandas_max_rows(self) -> int:
@@ -235,7 +249,7 @@ class Validator:
             region in self.invariants
 
     def _suite_tables(self) -> list[str]:
-        return [t for t in self.tables if (SUITES_DIR / f"{t}.json").exists()]
+        return list(self.suite_files())
 
     # ---- checking -------------------------------------------------------------------
 

@@ -267,8 +267,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
                       "[green]passed[/green]" if not bad else
                       "[red]failed: " + "; ".join(f"{o.table} {o.check} {o.observed}"
                                                   for o in bad[:3]) + "[/red]")
-    console.print(table if report.epochs else "nothing to check: every committed epoch "
-                  "has been checked (--epoch N checks one again)")
+    if report.epochs:
+        console.print(table)
+    elif not validator.suite_files() and not validator.invariants:
+        console.print(f"nothing to check: pipeline {pipeline.name!r} declares no expectation "
+                      f"suite (schemas/expectations/<table>.json beside its declaration) and "
+                      f"no invariant")
+    else:
+        console.print("nothing to check: every committed epoch has been checked (--epoch N "
+                      "checks one again)")
     for region, epoch in report.quarantined:
         console.print(f"[red]quarantined[/red] {region} epoch {epoch}: readers hold back; "
                       f"roll back to the last good epoch and rerun to release it")
@@ -296,6 +303,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from falkirk import demo
 
     return demo.main(args)
+
+
+def cmd_pipelines(args: argparse.Namespace) -> int:
+    from falkirk.topology import check_declared
+
+    found = check_declared()
+    if args.json:
+        print(json.dumps({n: {"file": str(p), "error": e} for n, (p, e) in found.items()}))
+    else:
+        for name, (path, error) in found.items():
+            print(f"{name:20} {'ok   ' if error is None else 'ERROR'} {path}")
+            if error is not None:
+                print(f"{'':20}       {error}")
+    return 0 if all(e is None for _, e in found.values()) else 1
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -422,6 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=5, help="epochs of input per run")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
     p.set_defaults(func=cmd_trials)
+
+    p = sub.add_parser("pipelines", help="the declared pipelines ($FALKIRK_PIPELINES, then "
+                       "schemas/pipelines), each checked: its jobs, schemas and settings")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(func=cmd_pipelines)
 
     p = sub.add_parser("chaos", help="fault campaign: one long run, killing jobs, rollbacks "
                        "and the broker at random moments; compare with a failure-free run")

@@ -35,6 +35,10 @@ class Config:
     broker_data_dir: str = ""  # where the local broker keeps its data (local only)
     var_dir: str = str(REPO_ROOT / "var")  # pid files, logs, locks of this machine
     storage_options: tuple[tuple[str, str], ...] = ()  # for delta-rs on an object store
+    # Folders of the user's pipelines ($FALKIRK_PIPELINES, separated by ":"), searched
+    # before the checkout's schemas/pipelines: <folder>/<name>.yaml or
+    # <folder>/<name>/pipeline.yaml (a pipeline folder with its jobs and schemas).
+    pipelines: str = ""
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""

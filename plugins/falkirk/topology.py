@@ -329,8 +329,35 @@ class Pipeline:
 
 
 def declared() -> dict[str, Path]:
-    """The pipelines declared under schemas/pipelines (name -> file)."""
-    return {p.stem: p for p in sorted(PIPELINES_DIR.glob("*.yaml"))}
+    """The declared pipelines (name -> file): in the folders of ``$FALKIRK_PIPELINES``
+    (``<folder>/<name>.yaml``, or ``<folder>/<name>/pipeline.yaml`` for a pipeline folder),
+    then the checkout's ``schemas/pipelines``; the first of a name wins."""
+    import os
+
+    from falkirk.config import load
+
+    folders = [Path(f) for f in load().pipelines.split(os.pathsep) if f] + [PIPELINES_DIR]
+    found: dict[str, Path] = {}
+    for folder in folders:
+        files = [*sorted(folder.glob("*.yaml")), *sorted(folder.glob("*/pipeline.yaml"))]
+        for path in files:
+            name = path.parent.name if path.name == "pipeline.yaml" else path.stem
+            found.setdefault(name, path)
+    return found
+
+
+def check_declared() -> dict[str, tuple[Path, str | None]]:
+    """Every declared pipeline, loaded and checked: name -> (file, None or the error)."""
+    out: dict[str, tuple[Path, str | None]] = {}
+    for name, path in declared().items():
+        try:
+            pipe = Pipeline.load(path)
+            error = (None if pipe.name == name else f"{path}: declares pipeline "
+                     f"{pipe.name!r}, but its file names it {name!r}")
+        except TopologyError as exc:
+            error = str(exc)
+        out[name] = (path, error)
+    return out
 
 
 def load_pipeline(name_or_path: str | Path) -> Pipeline:
