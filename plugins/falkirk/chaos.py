@@ -77,9 +77,8 @@ def _all_done(run) -> bool:
 class Campaign:
     """The campaign's state: the run, the random draws, what happened."""
 
-    def __init__(self, run, broker, rng: random.Random, last_epoch: int,
-                 say: Callable[[str], None]):
-        self.run, self.broker, self.rng, self.last = run, broker, rng, last_epoch
+    def __init__(self, run, broker, rng: random.Random, say: Callable[[str], None]):
+        self.run, self.broker, self.rng = run, broker, rng
         self.say = say
         self.kills: list[dict[str, Any]] = []
         self.rollbacks = 0
@@ -244,7 +243,7 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
             LocalRun(workdir / "chaos", broker=broker) as run:
         run.generate(**data)
         run.start(until_epoch=last)
-        c = Campaign(run, broker, rng, last, say)
+        c = Campaign(run, broker, rng, say)
         end = t_start + minutes * 60
         while time.monotonic() < end and not _all_done(run):
             if _failed_jobs(run):

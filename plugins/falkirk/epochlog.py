@@ -293,15 +293,13 @@ class EpochLog:
                        status: str, exit_code: int | None = None,
                        last_epoch: int | None = None, message: str | None = None) -> None:
         """A job process started, finished or failed (written by the job itself)."""
-        import socket
+        from falkirk.procs import this_process
 
-        import psutil
-
-        me = psutil.Process()
+        me = this_process()
         self._append("job_runs", [{
             "pipeline": pipeline, "job": job, "regions": json.dumps(sorted(regions)),
-            "generation": generation, "pid": me.pid, "host": socket.gethostname(),
-            "process_started": me.create_time(), "status": status, "exit_code": exit_code,
+            "generation": generation, "pid": me["pid"], "host": me["host"],
+            "process_started": me["started"], "status": status, "exit_code": exit_code,
             "last_epoch": last_epoch, "message": message, "recorded_at": datetime.now(UTC),
         }])
 

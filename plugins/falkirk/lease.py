@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import threading
 import uuid
@@ -59,23 +58,12 @@ class Holding:
                 f"{self.expires_at.isoformat(timespec='seconds')}")
 
 
-def me() -> dict[str, Any]:
-    from falkirk.procs import process_started
-
-    return {"host": socket.gethostname(), "pid": os.getpid(),
-            "started": process_started(os.getpid())}
-
-
 def _dead_here(holder: dict[str, Any]) -> bool:
     """The holder ran on this host and no running process is it any more."""
-    from falkirk.procs import alive, process_started
+    from falkirk.procs import is_process
 
-    if holder.get("host") != socket.gethostname():
-        return False
-    pid = holder.get("pid")
-    if not isinstance(pid, int) or not alive(pid):
-        return True
-    return process_started(pid) != holder.get("started")
+    return (holder.get("host") == socket.gethostname()
+            and not is_process(holder.get("pid"), holder.get("started")))
 
 
 def current(rows: list[dict[str, Any]]) -> Holding | None:
@@ -109,10 +97,11 @@ class Lease:
         self.name = name
         self.ttl = timedelta(seconds=ttl_s)
         self.token = uuid.uuid4().hex
-        self.holder = me()
+        from falkirk.procs import this_process
+
+        self.holder = this_process()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.lost = False
 
     # -- the two steps -------------------------------------------------------------------
 
@@ -177,7 +166,6 @@ class Lease:
         while not self._stop.wait(self.ttl.total_seconds() / 3):
             held = current(self.log.lease_rows(self.pipeline, self.name))
             if held is None or held.token != self.token:
-                self.lost = True
                 log.error("lease %s of %s was taken over (now %s): this holder is fenced by "
                           "generation", self.name, self.pipeline,
                           held.describe() if held else "free")

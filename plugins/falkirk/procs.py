@@ -86,8 +86,8 @@ def running(pipeline: Pipeline, cfg: Config | None = None) -> list[dict]:
     out = []
     for f in sorted(folder.glob("*.json")) if folder.exists() else []:
         info = json.loads(f.read_text())
-        if alive(info["pid"]) and process_started(info["pid"]) == info.get("process_started"):
-            out.append(info)  # the same process: a reused pid has another start time
+        if is_process(info["pid"], info.get("process_started")):
+            out.append(info)
     return out
 
 
@@ -100,6 +100,20 @@ def process_started(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except psutil.NoSuchProcess:
         return None
+
+
+def this_process() -> dict:
+    """This process as other processes can find it again: host, pid and start time."""
+    import socket
+
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": process_started(os.getpid())}
+
+
+def is_process(pid: object, started: float | None) -> bool:
+    """``pid`` still names the process that started at ``started`` (the OS reuses pids: a
+    reused one has another start time)."""
+    return isinstance(pid, int) and alive(pid) and process_started(pid) == started
 
 
 def alive(pid: int) -> bool:
