@@ -1,6 +1,6 @@
 #!/bin/sh
 # Entry point of the falkirk image. On one machine falkirk binds Spark to 127.0.0.1
-# (SPARK_LOCAL_IP's default in falkirk.procs); in compose a driver must be reachable
+# (SPARK_LOCAL_IP's default in falkirk.runtime.procs); in compose a driver must be reachable
 # from the spark-worker container, so Spark binds and advertises this container's own
 # address and name unless the service sets them.
 set -eu

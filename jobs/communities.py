@@ -23,8 +23,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from falkirk.runtime import EpochContext, EpochResult, JobLogic, main
-from falkirk.spark import conform
+from falkirk.job import EpochContext, EpochResult, JobLogic, conform, main
 
 log = logging.getLogger("falkirk.jobs.communities")
 

@@ -2,7 +2,7 @@
 
 Pure transforms (no I/O); the runtime reads the epoch's records from the events topic
 (Spark's Kafka connector, values parsed against :data:`VALUE_SCHEMA` by
-``falkirk.kafka_io``), calls them and writes
+``falkirk.io.kafka``), calls them and writes
 ``purchases``, ``interactions`` and ``dead_letters``. Every output is a function of the
 input rows only (no ordering, no floating-point sums that depend on partitioning), so
 running an epoch again after a rollback writes the same rows.
@@ -15,10 +15,16 @@ import sys
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from falkirk.generate import EOS_KEY
-from falkirk.runtime import EpochContext, EpochResult, JobLogic, main
-from falkirk.schemas import arrow_schema, ddl
-from falkirk.spark import conform, dead_letters
+from falkirk.job import (
+    EpochContext,
+    EpochResult,
+    JobLogic,
+    arrow_schema,
+    conform,
+    ddl,
+    dead_letters,
+    main,
+)
 
 REGION = "ingest"
 VALUE_SCHEMA = ddl("records", "events")  # the record schema values are parsed against
@@ -78,7 +84,7 @@ def validate_at(
 ) -> tuple[DataFrame, DataFrame]:
     """:func:`validate` with the epoch as a column (the generator's ground truth uses it)."""
     df = (
-        raw_df.filter(~F.col("key").eqNullSafe(EOS_KEY.decode()))  # markers are never data
+        raw_df
         .withColumn("_epoch", epoch.cast("long"))
         .withColumn("_reason", reason(F.col("_epoch"), origin_ms, epoch_ms))
     )
@@ -93,9 +99,8 @@ def validate(
 ) -> tuple[DataFrame, DataFrame]:
     """Split epoch ``epoch``'s source rows into ``(events_df, dead_letters_df)``.
 
-    ``raw_df`` is ``falkirk.kafka_io.read_range``'s output with the record schema
-    :data:`VALUE_SCHEMA`. End-of-stream markers (key ``__falkirk_eos__``) are dropped
-    first: they are neither events nor dead letters. A row is a valid event when the
+    ``raw_df`` is ``falkirk.io.kafka.read_range``'s output with the record schema
+    :data:`VALUE_SCHEMA`. A row is a valid event when the
     source parsed it, no field is missing, its kind is known, its amount is finite and
     not negative, non-zero only on a purchase, and its event time (the ``ts`` field, not
     the Kafka timestamp) falls in ``epoch``; else it is a dead letter with the first

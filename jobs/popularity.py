@@ -13,8 +13,7 @@ import sys
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from falkirk.runtime import EpochContext, EpochResult, JobLogic, main
-from falkirk.spark import conform
+from falkirk.job import EpochContext, EpochResult, JobLogic, conform, main
 
 REGION = "popularity"
 DEFAULT_WINDOW = 3

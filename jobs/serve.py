@@ -15,10 +15,16 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from falkirk.generate import EOS_KEY
-from falkirk.runtime import EpochContext, EpochResult, JobLogic, main
-from falkirk.schemas import arrow_schema, ddl
-from falkirk.spark import conform, dead_letters
+from falkirk.job import (
+    EpochContext,
+    EpochResult,
+    JobLogic,
+    arrow_schema,
+    conform,
+    ddl,
+    dead_letters,
+    main,
+)
 
 REGION = "serve"
 STATS = "stats"
@@ -31,7 +37,7 @@ NONE = "none"  # query_stats value for a null label or category
 def validate_queries(raw_df: DataFrame, epoch: int) -> tuple[DataFrame, DataFrame]:
     """Split the source rows of the queries topic into ``(queries_df, dead_letters_df)``.
 
-    End-of-stream markers are dropped; a row the source could not parse (reason: its
+    A row the source could not parse (reason: its
     error) or with a missing field ("missing field <name>") is a dead letter of
     ``epoch``. A query is answered in the epoch it is read in, whatever its ``ts``:
     lateness does not apply to requests. ``queries_df``: the query fields plus ``epoch``.
@@ -39,7 +45,7 @@ def validate_queries(raw_df: DataFrame, epoch: int) -> tuple[DataFrame, DataFram
     check = F.when(F.col("error").isNotNull(), F.col("error"))
     for name in QUERY_FIELDS:
         check = check.when(F.col(name).isNull(), F.lit(f"missing field {name}"))
-    df = raw_df.filter(~F.col("key").eqNullSafe(EOS_KEY.decode())).withColumn("_reason", check)
+    df = raw_df.withColumn("_reason", check)
     queries = df.filter(F.col("_reason").isNull()).select(
         *QUERY_FIELDS, F.lit(epoch).cast("long").alias("epoch")
     )

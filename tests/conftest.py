@@ -16,7 +16,7 @@ from falkirk.config import REPO_ROOT
 @pytest.fixture(scope="module")
 def spark():
     """A local[2] Spark session, reused by every test of a module (cold start 5–8 s)."""
-    from falkirk.spark import session
+    from falkirk.io.spark import session
 
     s = session("falkirk-tests")
     yield s
@@ -26,7 +26,7 @@ def spark():
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
     """One embedded Apache Kafka broker (KRaft) for the whole test session."""
-    from falkirk.broker import LocalBroker
+    from falkirk.local.broker import LocalBroker
 
     with LocalBroker(tmp_path_factory.mktemp("broker")) as b:
         yield b

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import sys
 
-from falkirk.bench.delta_bench import SCHEMA, epoch_frame  # the same rows as the bench
+from falkirk_dev.bench.delta_bench import SCHEMA, epoch_frame  # the same rows as the bench
 
 
 def main(argv: list[str]) -> int:
     table, region, generation, first, last, rows = argv
-    from falkirk.delta import EpochWriter
-    from falkirk.spark import session
+    from falkirk.io.delta import EpochWriter
+    from falkirk.io.spark import session
 
     spark = session("falkirk-delta-worker")
     writer = EpochWriter(spark, table, region, int(generation), SCHEMA)

@@ -15,10 +15,10 @@ from pathlib import Path
 from deltalake import DeltaTable, write_deltalake
 
 from falkirk.config import Config, load
-from falkirk.epochlog import EpochLog, EpochRecord
-from falkirk.runtime import time_of
-from falkirk.schemas import arrow_schema
-from falkirk.topology import load_pipeline
+from falkirk.log.epochlog import EpochLog, EpochRecord
+from falkirk.model.schemas import arrow_schema
+from falkirk.model.topology import load_pipeline
+from falkirk.runtime.runner import time_of
 
 DONE = {"ingest": 5, "popularity": 4, "communities": 4, "serve": 3, "stats": 3}
 CHECKPOINTS = {"communities": {2}}

@@ -7,8 +7,8 @@ import socket
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from falkirk.broker import BrokerError, LocalBroker
-from falkirk.procs import group_members
+from falkirk.local.broker import BrokerError, LocalBroker
+from falkirk.runtime.procs import group_members
 
 
 def _port_open(port: int) -> bool:
@@ -110,8 +110,7 @@ def test_storage_of_another_cluster_is_refused_and_kept(tmp_path):
 
 
 def test_missing_broker_jars_name_bin_setup(tmp_path, monkeypatch):
-    from falkirk import jars
-
+    from falkirk.io import jars
     monkeypatch.setenv("FALKIRK_JARS_DIR", str(tmp_path / "nothing"))
     jars._checked.cache_clear()
     try:
@@ -125,8 +124,7 @@ def test_a_cluster_id_never_starts_with_a_dash(monkeypatch):
     """The storage tool reads ``-t -abc…`` as a missing value (seen: 1 format in 64 failed)."""
     import uuid
 
-    from falkirk import broker as broker_module
-
+    from falkirk.local import broker as broker_module
     dash_first = uuid.UUID(bytes=b"\xf8" + bytes(15))  # urlsafe base64 "-A…"
     plain = uuid.UUID(bytes=bytes(16))
     drawn = iter([dash_first, plain])

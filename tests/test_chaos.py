@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from falkirk.chaos import campaign
-from falkirk.trials import input_of
+from falkirk_dev.chaos import campaign
+from falkirk_dev.trials import input_of
 
 pytestmark = pytest.mark.slow
 

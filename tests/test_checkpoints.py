@@ -18,8 +18,10 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-import falkirk.checkpoints as checkpoints_module
-from falkirk.checkpoints import (
+import falkirk.regimes.checkpoints as checkpoints_module
+from falkirk.errors import FalkirkError
+from falkirk.io.lake import read_table
+from falkirk.regimes.checkpoints import (
     CheckpointConflictError,
     CheckpointDroppedError,
     CheckpointError,
@@ -27,8 +29,6 @@ from falkirk.checkpoints import (
     diff,
     full_snapshot_bytes,
 )
-from falkirk.errors import FalkirkError
-from falkirk.lake import read_table
 
 VALUES = pa.schema([("label", pa.int64()), ("size", pa.int64()), ("updated", pa.float64())])
 STATE = pa.schema([("key", pa.string()), *VALUES])
@@ -341,7 +341,7 @@ def test_sigkill_between_data_write_and_commit(tmp_path: Path) -> None:
         f"""
         import os, signal, sys
         sys.path.insert(0, {str(TESTS)!r})
-        import falkirk.checkpoints as m
+        import falkirk.regimes.checkpoints as m
         from test_checkpoints import VALUES, big_state, crashing_writer
         store = m.CheckpointStore({str(uri)!r}, VALUES)
         kill = lambda: os.kill(os.getpid(), signal.SIGKILL)

@@ -8,8 +8,8 @@ import pytest
 from deltalake import DeltaTable
 from test_checkpoints import STATE, VALUES, diff, states
 
-from falkirk.checkpoints import CheckpointError, CheckpointStore
-from falkirk.lake import read_table
+from falkirk.io.lake import read_table
+from falkirk.regimes.checkpoints import CheckpointError, CheckpointStore
 
 
 def frame(spark, table: pa.Table):

@@ -11,9 +11,9 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
-from falkirk.checks import SUITES_DIR, CheckError, Validator, load_suite
-from falkirk.epochlog import EpochRecord
-from falkirk.topology import Pipeline, load_pipeline
+from falkirk.log.epochlog import EpochRecord
+from falkirk.model.topology import Pipeline, load_pipeline
+from falkirk.quality.checks import SUITES_DIR, CheckError, Validator, load_suite
 
 EPOCHS = 5
 INPUT = {"events": 1500, "queries": 150, "epochs": EPOCHS, "seed": 3}
@@ -23,7 +23,7 @@ INPUT = {"events": 1500, "queries": 150, "epochs": EPOCHS, "seed": 3}
 
 
 def test_every_output_table_of_the_reference_pipeline_has_a_suite_gx_accepts():
-    from falkirk.checks import Suites
+    from falkirk.quality.checks import Suites
 
     pipeline = load_pipeline("reference")
     tables = sorted({e.table for e in pipeline.edges.values() if e.kind == "delta"})
@@ -48,7 +48,7 @@ def test_a_quarantined_epoch_bounds_what_a_region_can_restore_to(world):
     """No frontier at or past a quarantined epoch: a frontier vouches for all before it."""
     from tiny_pipeline import PIPE
 
-    from falkirk.frontier import solve
+    from falkirk.solver.frontier import solve
 
     _, log, _, _ = world
     before = [r.epoch for r in log.regions(PIPE)["ingest"].restorable("ephemeral")]
@@ -107,7 +107,7 @@ def test_on_failure_rollback_asks_the_rollback_dag_for_the_last_good_epoch(world
     from tiny_pipeline import PIPE_DICT
 
     from falkirk.airflow.checks_tasks import _outcome
-    from falkirk.checks import Report
+    from falkirk.quality.checks import Report
 
     cfg, log, _, _ = world
     settings = {**PIPE_DICT["settings"], "checks": {"on_failure": "rollback"}}
@@ -139,8 +139,8 @@ def reference(tmp_path_factory):
     epochs whose checks passed."""
     import yaml
 
-    from falkirk.harness import LocalRun
-    from falkirk.topology import declared
+    from falkirk.model.topology import declared
+    from falkirk_dev.harness import LocalRun
 
     root = tmp_path_factory.mktemp("checks")
     declaration = yaml.safe_load(declared()["reference"].read_text())
@@ -171,8 +171,8 @@ def _replace_epoch(run, spark, table: str, epoch: int, rows: list[dict]) -> int:
     written by delta-spark as every commit of a data table is."""
     from deltalake import DeltaTable
 
-    from falkirk.delta import spark_schema
-    from falkirk.schemas import arrow_schema
+    from falkirk.io.delta import spark_schema
+    from falkirk.model.schemas import arrow_schema
 
     schema = spark_schema(arrow_schema("tables", run.pipeline.edges[table].table_schema))
     (spark.createDataFrame([tuple(r[f.name] for f in schema.fields) for r in rows], schema)
@@ -187,7 +187,7 @@ def bad_commit(run, table: str, epoch: int, rows: list[dict]):
     from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
-    from falkirk.delta import rollback_table
+    from falkirk.io.delta import rollback_table
 
     spark = SparkSession.getActiveSession()
     before = DeltaTable(run.cfg.table(table)).version()
@@ -209,7 +209,7 @@ def _failed(outcomes) -> dict[str, dict]:
 def test_every_check_passed_before_any_reader_relied_on_the_epoch(reference):
     """The validator ran beside the jobs (hold): every region-epoch passed every check,
     and each receiver started an epoch only after the epoch it reads had passed."""
-    from falkirk.procs import jobs_of
+    from falkirk.runtime.procs import jobs_of
 
     run = reference
     results = run.log.checks("reference")
@@ -299,9 +299,9 @@ def test_a_duplicated_epoch_commit_is_caught(reference, validator):
 @pytest.mark.slow
 def test_a_dropped_partition_of_events_is_caught(reference, validator, spark):
     """ingest read partitions 0 and 2 only: its purchases miss partition 1's."""
-    from falkirk.kafka_io import read_range
-    from falkirk.runtime import load_job, record_ddl
-    from falkirk.times import Offsets
+    from falkirk.io.kafka import read_range
+    from falkirk.model.times import Offsets
+    from falkirk.runtime.runner import load_job, record_ddl
 
     row = _row(reference, "ingest", 2)
     rng = row.inputs["events"]
@@ -341,7 +341,7 @@ def test_a_negative_revenue_is_caught(reference, validator):
 
 @pytest.mark.slow
 def test_a_null_or_missing_label_is_caught(reference, validator, spark):
-    from falkirk.schemas import arrow_schema
+    from falkirk.model.schemas import arrow_schema
 
     # The suite on a snapshot with a null label (the table's schema refuses nulls, so the
     # DataFrame is checked directly, as the validator does with an epoch's rows).
@@ -371,7 +371,7 @@ def test_a_failing_epoch_is_quarantined_held_back_then_released_after_a_rollback
     """popularity commits a bad epoch 2: checks quarantine it, serve reads epoch 1 instead,
     no frontier reaches it; a rollback and rerun write it again, the checks pass, and every
     output equals the failure-free run's."""
-    from falkirk.runtime import JobRunner, job_logic
+    from falkirk.runtime.runner import JobRunner, job_logic
 
     run = reference
     good = _row(run, "popularity", 2)
@@ -417,7 +417,7 @@ def test_a_failing_epoch_is_quarantined_held_back_then_released_after_a_rollback
     assert not validator.run().failures  # nothing left failing, nothing pending
     assert row.status == "committed" and row.generation > good.generation
     assert run.log.regions(run.pipeline)["popularity"].quarantined() == []
-    from falkirk.harness import compare
+    from falkirk_dev.harness import compare
 
     diff = {k: v for k, v in compare(run.golden, run.outputs()).items()
             if v["lost"] or v["duplicated"]}

@@ -137,8 +137,8 @@ def test_kafka_bootstrap_is_the_kafka_service_and_its_advertised_listener(servic
 
 
 def test_topics_no_one_creates_get_their_declared_partitions_on_auto_create(services):
-    from falkirk.generate import EVENTS_TOPIC, QUERIES_TOPIC
-    from falkirk.topology import declared, load_pipeline
+    from falkirk.model.topology import declared, load_pipeline
+    from falkirk_dev.generate import EVENTS_TOPIC, QUERIES_TOPIC
 
     env = _env(services[CFG.kafka_bootstrap.rsplit(":", 1)[0]])
     created_by_generate = {EVENTS_TOPIC, QUERIES_TOPIC}

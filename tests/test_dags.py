@@ -131,8 +131,8 @@ def test_dry_run_shows_the_plan_and_changes_nothing(rollback_dag, sandbox):
 
 def test_plan_markdown_and_graph(sandbox):
     from falkirk.airflow.render import plan_markdown, region_graph_svg
-    from falkirk.rollback import RollbackExecutor, RollbackRequest
-    from falkirk.topology import load_pipeline
+    from falkirk.model.topology import load_pipeline
+    from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
 
     pipeline = load_pipeline("reference")
     plan = RollbackExecutor(pipeline).plan(
@@ -152,7 +152,7 @@ def test_batch_epochs_follow_the_data_interval(airflow_env, dagbag):
     from airflow.sdk.exceptions import AirflowFailException
 
     from falkirk.airflow.batch import epoch_of, origin
-    from falkirk.topology import load_pipeline
+    from falkirk.model.topology import load_pipeline
 
     start = origin(load_pipeline("reference"))
     assert epoch_of("reference", start) == 0
@@ -176,7 +176,7 @@ def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(d
     """One source for the settings a driver must get at start (shuffle partitions, UI, the
     driver JVM's options): the DAG's spark-submit and the supervisor's job command."""
     from falkirk.config import load
-    from falkirk.procs import job_command
+    from falkirk.runtime.procs import job_command
 
     cfg = load()
     cmd = job_command("jobs/ingest.py", ["--pipeline", "reference"], cfg)
@@ -191,7 +191,7 @@ def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(d
 
 def _job_ended(pipeline, job: str, status: str, code: int | None) -> None:
     """The row a job writes about itself when it starts (code None) or ends."""
-    from falkirk.epochlog import EpochLog
+    from falkirk.log.epochlog import EpochLog
 
     EpochLog.from_config().record_job_run(pipeline.name, job, ["x"], 0, status, exit_code=code)
 
@@ -200,7 +200,7 @@ def test_a_stream_that_finished_is_not_dead(tmp_path, monkeypatch):
     """Finished or dead is read from the job's own rows in the log of job runs: a job
     killed after it started wrote no end row; log lines prove nothing."""
     from falkirk.airflow import streams
-    from falkirk.topology import load_pipeline
+    from falkirk.model.topology import load_pipeline
 
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
     monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
@@ -231,8 +231,8 @@ def test_a_reused_pid_is_not_the_job(tmp_path, monkeypatch):
     import json
     import os
 
-    from falkirk import procs
-    from falkirk.topology import load_pipeline
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
 
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
     pipeline = load_pipeline("reference")
@@ -250,9 +250,9 @@ def test_a_reused_pid_is_not_the_job(tmp_path, monkeypatch):
 def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     """start_streams starts only jobs that neither run nor finished (unless a rollback names
     them); watch keeps waiting when every job finished, and ends on a death."""
-    from falkirk import procs
     from falkirk.airflow import streams, supervisor
-    from falkirk.topology import load_pipeline
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
 
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
     monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
@@ -287,9 +287,9 @@ def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):
     not running); the test stops it afterwards."""
     from reference_world import snapshot
 
-    from falkirk import procs
-    from falkirk.epochlog import EpochLog
-    from falkirk.topology import load_pipeline
+    from falkirk.log.epochlog import EpochLog
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
 
     before = snapshot(sandbox)
     try:
@@ -315,10 +315,10 @@ def test_invalidated_batch_epochs_are_rerun_in_order(tmp_path, monkeypatch):
     """What the rollback DAG and the streams supervisor both do after a rollback: every
     invalidated epoch of a batch region is run again (one --epoch run each, in order);
     stream regions are left to their restarted jobs; a failed rerun names its log."""
-    from falkirk import procs
     from falkirk.airflow import streams
     from falkirk.errors import FalkirkError
-    from falkirk.topology import load_pipeline
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
 
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
     pipeline = load_pipeline("reference")
@@ -350,11 +350,11 @@ def test_the_supervisor_starts_nothing_while_paused_and_resumes_a_crashed_rollba
     """Forced interleaving: a rollback recorded its plan and died (its lease holder is
     gone); the supervisor's start step runs next. It finishes that rollback before it
     starts any job; while a rollback run's pause marker exists it starts nothing."""
-    from falkirk import procs
     from falkirk.airflow import streams, supervisor
-    from falkirk.epochlog import EpochLog
-    from falkirk.rollback import RollbackExecutor, RollbackRequest
-    from falkirk.topology import load_pipeline
+    from falkirk.log.epochlog import EpochLog
+    from falkirk.model.topology import load_pipeline
+    from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
+    from falkirk.runtime import procs
 
     pipeline = load_pipeline("reference")
     log = EpochLog.from_config(sandbox)

@@ -15,7 +15,7 @@ import pytest
 from delta_writer_worker import SCHEMA, epoch_frame
 from deltalake import DeltaTable
 
-from falkirk.delta import (
+from falkirk.io.delta import (
     EpochWriter,
     RestoreError,
     app_id_for,
@@ -23,7 +23,7 @@ from falkirk.delta import (
     rollback_table,
     vacuum_orphans,
 )
-from falkirk.lake import TableSchemaError, read_table
+from falkirk.io.lake import TableSchemaError, read_table
 
 pytestmark = pytest.mark.slow  # every test here starts Spark
 
@@ -77,7 +77,7 @@ def test_write_epochs_and_read_back(spark, tmp_path):
 
 def test_an_epochs_spark_jobs_are_named_by_pipeline_region_epoch_and_generation(spark,
                                                                                 tmp_path):
-    from falkirk.runtime import name_spark_jobs
+    from falkirk.runtime.runner import name_spark_jobs
 
     writer = EpochWriter(spark, str(tmp_path / "named"), "agg", 2, SCHEMA)
     writer.ensure_table()

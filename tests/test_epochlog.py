@@ -14,9 +14,9 @@ import yaml
 from test_topology import SMALL
 
 from falkirk.config import load
-from falkirk.epochlog import EpochLog, EpochLogError, EpochRecord
-from falkirk.frontier import solve
-from falkirk.topology import Pipeline
+from falkirk.log.epochlog import EpochLog, EpochLogError, EpochRecord
+from falkirk.model.topology import Pipeline
+from falkirk.solver.frontier import solve
 
 PIPE_DICT = {**SMALL, "edges": {k: v for k, v in SMALL["edges"].items() if k != "feedback"}}
 PIPE = Pipeline.from_dict(PIPE_DICT)
@@ -106,7 +106,7 @@ def test_falkirk_plan_without_a_problem_plans_from_the_live_log(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys
-    from falkirk.epochlog import EpochLog, EpochRecord
+    from falkirk.log.epochlog import EpochLog, EpochRecord
     log = EpochLog(sys.argv[1])
     for k in range(int(sys.argv[3])):
         log.record(EpochRecord("small", sys.argv[2], k, 0, "committed"))

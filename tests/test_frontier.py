@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from falkirk.cli import main as cli_main
-from falkirk.frontier import Entry, Problem, ProblemError, Solver, check_plan, solve
+from falkirk.solver.frontier import Entry, Problem, ProblemError, Solver, check_plan, solve
 
 PROBLEMS = Path(__file__).resolve().parents[1] / "schemas" / "problems"
 

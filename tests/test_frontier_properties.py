@@ -12,7 +12,7 @@ import itertools
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from falkirk.frontier import Entry, Problem, Solver, check_plan, solve
+from falkirk.solver.frontier import Entry, Problem, Solver, check_plan, solve
 
 POOLS = {
     "epoch": [-1, 0, 1, 2, 3, 4],

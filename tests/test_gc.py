@@ -9,9 +9,9 @@ from deltalake import DeltaTable
 from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
 from tiny_pipeline import PIPE
 
-from falkirk.gc import collect, group_id
-from falkirk.lake import read_table
-from falkirk.rollback import RollbackError, RollbackRequest
+from falkirk.io.lake import read_table
+from falkirk.recovery.gc import collect, group_id
+from falkirk.recovery.rollback import RollbackError, RollbackRequest
 
 
 def test_dry_run_reports_what_the_low_watermarks_allow_and_changes_nothing(world):

@@ -14,9 +14,9 @@ import pytest
 from kafka.partitioner.default import murmur2
 from pyspark.sql import functions as F
 
-from falkirk import generate as G
-from falkirk.kafka_io import source_schema
-from falkirk.schemas import ddl, definition
+from falkirk.io.kafka import source_schema
+from falkirk.model.schemas import ddl, definition
+from falkirk_dev import generate as G
 
 ORIGIN = G.DEFAULT_ORIGIN_MS
 EPOCH_MS = 10_000

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from falkirk import jars
 from falkirk.config import load
+from falkirk.io import jars
 
 
 @pytest.fixture

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from falkirk.kafka_io import KafkaIOError, produce, read_range, source_schema
-from falkirk.times import Offsets
+from falkirk.io.kafka import (
+    EOS_KEY,
+    KafkaIOError,
+    produce,
+    read_range,
+    source_schema,
+)
+from falkirk.model.times import Offsets
 
 pytestmark = pytest.mark.slow  # Spark and the broker
 
@@ -98,6 +104,24 @@ def test_exactly_the_offset_range_of_each_partition(spark, broker):
         read_range(spark, broker.bootstrap, "kio-range", end, start, None)
 
 
+def test_an_end_of_stream_marker_in_a_range_is_never_handed_to_a_job(spark, broker):
+    """A marker read inside a range (a producer's, or a range read up to the log end) is not
+    data: read_range drops it, so no job has to know about markers."""
+    broker.create_topic("kio-eos", 1)
+    send(broker.bootstrap, "kio-eos", [b'{"id":"a"}', b'{"id":"b"}'])
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+    # a marker is known by its key (its far-future timestamp needs a topic setting, see
+    # falkirk_dev.generate.TOPIC_CONFIGS, that this topic does not have)
+    producer.send("kio-eos", key=EOS_KEY, value=b"", partition=0,
+                  timestamp_ms=1_704_067_200_000 + 2).get(timeout=30)
+    producer.flush()
+    producer.close()
+    df = read_range(spark, broker.bootstrap, "kio-eos", Offsets({"0": 0}), Offsets({"0": 3}),
+                    "id string")
+    assert sorted((r.offset, r.id, r.error) for r in df.collect()) == [(0, "a", None),
+                                                                       (1, "b", None)]
+
+
 def test_produce_sends_every_row_and_counts_them(spark, broker):
     broker.create_topic("kio-out", 2)
     df = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(50)], "key string, value string")
@@ -119,7 +143,7 @@ def test_produce_sends_every_row_and_counts_them(spark, broker):
 def test_a_failed_send_fails_the_write(spark, tmp_path):
     """No broker answers: the write raises (the epoch fails before its input is
     acknowledged) instead of dropping records."""
-    from falkirk.broker import free_port
+    from falkirk.local.broker import free_port
 
     df = spark.createDataFrame([("k", "v")], "key string, value string")
     with pytest.raises(Exception, match="(?i)timeout|timed out|not present in metadata"):

@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
-from falkirk.broker import LocalBroker
-from falkirk.harness import LocalRun, compare
-from falkirk.times import EpochRange, EpochRanges, Offsets
+from falkirk.local.broker import LocalBroker
+from falkirk.model.times import EpochRange, EpochRanges, Offsets
+from falkirk_dev.harness import LocalRun, compare
 
 pytestmark = pytest.mark.slow
 
@@ -162,8 +162,7 @@ def test_the_rollback_dag_after_a_killed_region_ends_like_the_failure_free_run(
     streams, rolls back, restarts them and validates; the pipeline then finishes."""
     import time
 
-    from falkirk import procs
-
+    from falkirk.runtime import procs
     with LocalBroker(tmp_path / "broker") as b, LocalRun(tmp_path, broker=b) as run:
         for key, value in run.env.items():  # the DAG's tasks read the sandbox's config
             monkeypatch.setenv(key, value)
@@ -199,9 +198,9 @@ def test_the_rollback_dag_after_a_killed_region_ends_like_the_failure_free_run(
 def test_the_golden_run_conserves_events_purchases_and_queries(golden, spark):
     """Valid events + dead letters = events produced; purchases per epoch = valid purchase
     events of that epoch; every query answered exactly once."""
-    from falkirk import generate
-    from falkirk.harness import generate_args
-    from falkirk.topology import load_pipeline
+    from falkirk.model.topology import load_pipeline
+    from falkirk_dev import generate
+    from falkirk_dev.harness import generate_args
 
     g, origin_ms, epoch_ms = generate.from_args(
         generate_args(load_pipeline("reference"), **INPUT))

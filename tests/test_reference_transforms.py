@@ -15,8 +15,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from falkirk.kafka_io import source_schema
-from falkirk.schemas import arrow_schema
+from falkirk.io.kafka import source_schema
+from falkirk.model.schemas import arrow_schema
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 
@@ -89,7 +89,6 @@ def test_validate_reports_each_reason_and_keeps_valid_events(spark):
             source_row(11, ts=ORIGIN - 1),  # before the origin: epoch -1
             source_row(12, kind="purchase", amount=float("nan")),
             source_row(13, kind="refund", amount=-1.0),  # only the first failure is told
-            source_row(14, key="__falkirk_eos__", error=not_json),  # end marker: not data
             source_row(15, kind=None, partition=2),
         ],
         source_schema(ingest.VALUE_SCHEMA),
@@ -414,7 +413,6 @@ def test_validate_queries(spark):
             ("queries", 0, 0, "1", ORIGIN, "r0", "q1", 1, ORIGIN, None),
             ("queries", 0, 1, "x", ORIGIN, "r1", None, None, None, "value is not JSON: oops"),
             ("queries", 0, 2, "1", ORIGIN, "r2", "q3", None, ORIGIN, None),
-            ("queries", 0, 3, "__falkirk_eos__", 2**62, "", None, None, None, "not JSON"),
         ],
         schema,
     )

@@ -10,9 +10,9 @@ import pytest
 from deltalake import DeltaTable
 from tiny_pipeline import PIPE
 
-from falkirk.lake import read_table
-from falkirk.lease import Lease, current
-from falkirk.rollback import RollbackError, RollbackRequest
+from falkirk.io.lake import read_table
+from falkirk.recovery.lease import Lease, current
+from falkirk.recovery.rollback import RollbackError, RollbackRequest
 
 
 def epochs_in(cfg, table: str) -> list[int]:
@@ -117,7 +117,7 @@ def test_a_crashed_rollback_is_resumed_to_the_same_end_state(world, tmp_path):
                                          dry_run=False))
     log.record_rollback("tiny", plan.rollback_id, plan.generation, "started",
                         {**plan.request.__dict__}, plan.to_json())
-    from falkirk.delta import rollback_table
+    from falkirk.io.delta import rollback_table
 
     rollback_table(executor.spark, cfg.table("t_mid"), plan.tables[0].to_version)
     dead = Lease(log, "tiny", "rollback")  # its holder: a pid of this host, not running
@@ -147,8 +147,8 @@ def test_an_epoch_committed_before_the_stop_is_in_the_plan_carried_out(world):
     rows the restore removed."""
     from tiny_pipeline import SCHEMA
 
-    from falkirk.delta import EpochWriter
-    from falkirk.epochlog import EpochRecord
+    from falkirk.io.delta import EpochWriter
+    from falkirk.log.epochlog import EpochRecord
 
     cfg, log, executor, _ = world
     spark = executor.spark
@@ -193,7 +193,6 @@ def test_fenced_regions_may_not_record_and_restarted_jobs_are_not_fenced(world):
     hosting a fenced region are refused; the generation moves on with the fence, so jobs
     started afterwards (even if the rollback crashed right after fencing) are not."""
     from falkirk import faults
-
     cfg, log, executor, stopped = world
     assert log.fenced("tiny", ["agg", "report"], 0) is None
     os.environ[faults.ENV] = "rollback:before-stop"
@@ -207,8 +206,8 @@ def test_fenced_regions_may_not_record_and_restarted_jobs_are_not_fenced(world):
             from dataclasses import replace
             from pathlib import Path
             from falkirk.config import load
-            from falkirk.epochlog import EpochLog
-            from falkirk.rollback import RollbackExecutor, RollbackRequest
+            from falkirk.log.epochlog import EpochLog
+            from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
             from tiny_pipeline import PIPE
             cfg = replace(load(), lake={cfg.lake!r})
             RollbackExecutor(PIPE, cfg, EpochLog.from_config(cfg), stop_regions=print).run(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from falkirk.times import (
+from falkirk.model.times import (
     EPOCH,
     ITERATION,
     OFFSETS,
@@ -86,7 +86,7 @@ def test_epoch_ranges_refuse_gaps_and_overlaps():
 
 
 def test_default_projections_between_domains():
-    from falkirk.times import INF, project
+    from falkirk.model.times import INF, project
 
     assert project(EPOCH, EPOCH, 4) == 4
     assert project(EPOCH, ITERATION, 4) == (4, INF)  # the whole epoch, converged
@@ -98,7 +98,7 @@ def test_default_projections_between_domains():
 
 
 def test_shift_moves_times_by_epochs_for_delayed_edges():
-    from falkirk.times import INF, shift
+    from falkirk.model.times import INF, shift
 
     assert shift(EPOCH, 5, -1) == 4  # a side input as of e - 1
     assert shift(EPOCH, 0, -1) == EPOCH.bottom

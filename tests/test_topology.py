@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from falkirk.topology import Pipeline, TopologyError
+from falkirk.model.topology import Pipeline, TopologyError
 
 SMALL = {
     "pipeline": "small",

@@ -11,8 +11,9 @@ from argparse import Namespace
 
 import pytest
 
-from falkirk import faults, trials
-from falkirk.topology import load_pipeline
+from falkirk import faults
+from falkirk.model.topology import load_pipeline
+from falkirk_dev import trials
 
 SEED = 13  # two trials of different phases: mid-checkpoint (stats), before-commit (ingest)
 EPOCHS = 4
@@ -146,7 +147,7 @@ def test_a_kill_in_epoch_0_recovers_to_the_failure_free_outputs(reference, tmp_p
 def test_every_message_is_counted_with_its_generation():
     """What a consumer that keeps every message sees: a's answer re-sent by generation 1
     (a rollback redid it) and b's twice by generation 0 (a restart without one)."""
-    from falkirk.harness import count_sent
+    from falkirk_dev.harness import count_sent
 
     sent = count_sent([("a", "1", 0), ("b", "2", 0), ("a", "1", 1), ("b", "2", 0),
                        ("c", "3", 0), ("c", "4", 1)])

@@ -13,10 +13,10 @@ from dataclasses import replace
 import pyarrow as pa
 
 from falkirk.config import load
-from falkirk.delta import EpochWriter
-from falkirk.epochlog import EpochLog, EpochRecord
-from falkirk.rollback import RollbackExecutor
-from falkirk.topology import Pipeline
+from falkirk.io.delta import EpochWriter
+from falkirk.log.epochlog import EpochLog, EpochRecord
+from falkirk.model.topology import Pipeline
+from falkirk.recovery.rollback import RollbackExecutor
 
 PIPE_DICT = {
     "pipeline": "tiny",

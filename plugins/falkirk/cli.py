@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from falkirk.errors import FalkirkError
-from falkirk.frontier import Plan, Problem, regions_in_order, solve
+from falkirk.solver.frontier import Plan, Problem, regions_in_order, solve
 
 PROBLEMS_DIR = Path(__file__).resolve().parents[2] / "schemas" / "problems"
 
@@ -57,7 +57,7 @@ def _print_plan(plan: Plan, title: str | None = None) -> None:
 
 def _pipeline(name: str | None):
     """The pipeline a verb acts on: named, or the only one declared."""
-    from falkirk.topology import declared, load_pipeline
+    from falkirk.model.topology import declared, load_pipeline
 
     if name is None:
         names = list(declared())
@@ -77,7 +77,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.problem is not None:
         problem = Problem.load(args.problem)
     else:
-        from falkirk.epochlog import EpochLog
+        from falkirk.log.epochlog import EpochLog
 
         pipeline = _pipeline(args.pipeline)
         problem = EpochLog.from_config().problem(pipeline, failed=_split(args.failed))
@@ -109,9 +109,9 @@ def cmd_examples(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Regions, regimes, latest epochs, checkpoints, frontiers and low watermarks."""
-    from falkirk.epochlog import EpochLog
-    from falkirk.frontier import low_watermark
-    from falkirk.procs import running
+    from falkirk.log.epochlog import EpochLog
+    from falkirk.runtime.procs import running
+    from falkirk.solver.frontier import low_watermark
 
     pipeline = _pipeline(args.pipeline)
     log = EpochLog.from_config()
@@ -162,8 +162,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from falkirk.procs import stop_regions
-    from falkirk.rollback import RollbackExecutor, RollbackRequest
+    from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
+    from falkirk.runtime.procs import stop_regions
 
     pipeline = _pipeline(args.pipeline)
     request = RollbackRequest(pipeline.name, failed=_split(args.failed), region=args.region,
@@ -201,7 +201,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from falkirk.gc import collect
+    from falkirk.recovery.gc import collect
 
     pipeline = _pipeline(args.pipeline)
     report = collect(pipeline, apply=args.apply,
@@ -231,9 +231,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from falkirk.checks import Validator
     from falkirk.config import load
-    from falkirk.spark import session
+    from falkirk.io.spark import session
+    from falkirk.quality.checks import Validator
 
     pipeline = _pipeline(args.pipeline)
     console = Console(stderr=args.json)
@@ -286,27 +286,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if report.failures else 0
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    """Seeded input for a pipeline, cut into the pipeline's epochs, produced to its topics."""
-    from falkirk import generate
-
-    pipeline = _pipeline(args.pipeline)
-    s = pipeline.settings
-    if args.origin is None:
-        args.origin = s.get("origin_ms")
-    if args.epoch_seconds is None:
-        args.epoch_seconds = s.get("epoch_seconds", 10)
-    return generate.cli(args)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from falkirk import demo
-
-    return demo.main(args)
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
-    from falkirk.topology import check_declared
+    from falkirk.model.topology import check_declared
 
     found = check_declared()
     if args.json:
@@ -319,37 +302,9 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
     return 0 if all(e is None for _, e in found.values()) else 1
 
 
-def cmd_chaos(args: argparse.Namespace) -> int:
-    from falkirk import chaos
-
-    return chaos.main(args)
 
 
-def cmd_trials(args: argparse.Namespace) -> int:
-    from falkirk import trials
 
-    return trials.main(args)
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    import importlib
-
-    module, takes_args = BENCHES[args.what]
-    bench = importlib.import_module(f"falkirk.bench.{module}")
-    bench.main(args) if takes_args else bench.main()
-    return 0
-
-
-# benchmark -> (module in falkirk.bench, whether its main takes the parsed arguments)
-BENCHES = {
-    "solver": ("solver_bench", True),
-    "kafka": ("kafka_bench", False),
-    "delta": ("delta_bench", False),
-    "checkpoints": ("checkpoint_bench", False),
-    "rework": ("rework_bench", True),
-    "regimes": ("regimes_bench", True),
-    "all": ("all_bench", True),
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -369,11 +324,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-problem", type=Path, help="also write the problem solved (JSON)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=cmd_plan)
-
-    p = sub.add_parser("demo", help="the reference pipeline with a failure, a rollback and a "
-                                    "report (var/demo/report.html)")
-    p.add_argument("--root", help="where the demo's sandboxes and report go (default var/demo)")
-    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("examples", help="solve the worked examples and print their plans")
     p.add_argument("--json", action="store_true", help="one JSON object per example")
@@ -402,23 +352,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gc)
 
-    p = sub.add_parser("generate", help="seeded, deterministic input for the reference pipeline")
-    p.add_argument("--pipeline", help="declared pipeline (default: the only one declared)")
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--events", type=int, default=10_000)
-    p.add_argument("--queries", type=int, default=1_000)
-    p.add_argument("--users", type=int, default=500)
-    p.add_argument("--items", type=int, default=200)
-    p.add_argument("--categories", type=int, default=8)
-    p.add_argument("--epochs", type=int, default=10, help="epochs the event times span")
-    p.add_argument("--epoch-seconds", type=float, help="default: the pipeline's setting")
-    p.add_argument("--origin", help="ISO time or ms (default: the pipeline's setting)")
-    p.add_argument("--malformed", type=float, default=0.01, help="fraction of bad records")
-    p.add_argument("--late", type=float, default=0.01, help="fraction of late records")
-    p.add_argument("--rate", type=float, help="records/s (default: one bounded burst)")
-    p.add_argument("--bootstrap", help="broker (default: the config's; '-' = only summarise)")
-    p.set_defaults(func=cmd_generate)
-
     p = sub.add_parser("validate", help="data checks of committed epochs (GX suites and "
                        "cross-region invariants); quarantines failing epochs")
     p.add_argument("--pipeline", help="declared pipeline (default: the only one)")
@@ -435,48 +368,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "region passed this epoch")
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("trials", help="fault-injection trials: kill a random region at a "
-                       "random phase, recover, compare with a failure-free run")
-    p.add_argument("-n", "--trials", type=int, default=5, help="how many trials (default 5)")
-    p.add_argument("--seed", type=int, default=1, help="picks regions and phases")
-    p.add_argument("--events", type=int, default=1500, help="events of input per run")
-    p.add_argument("--epochs", type=int, default=5, help="epochs of input per run")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
-    p.set_defaults(func=cmd_trials)
-
     p = sub.add_parser("pipelines", help="the declared pipelines ($FALKIRK_PIPELINES, then "
                        "schemas/pipelines), each checked: its jobs, schemas and settings")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=cmd_pipelines)
-
-    p = sub.add_parser("chaos", help="fault campaign: one long run, killing jobs, rollbacks "
-                       "and the broker at random moments; compare with a failure-free run")
-    p.add_argument("--minutes", type=float, default=60, help="how long to keep breaking "
-                   "things (default 60)")
-    p.add_argument("--seed", type=int, default=1, help="draws the targets and moments")
-    p.add_argument("--events", type=int, default=60000, help="events of input")
-    p.add_argument("--epochs", type=int, default=120, help="epochs of input")
-    p.add_argument("--workdir", help="where the sandboxes go (default: a new temp folder)")
-    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON here")
-    p.set_defaults(func=cmd_chaos)
-
-    p = sub.add_parser("bench", help="print performance figures")
-    p.add_argument("what", choices=list(BENCHES), help="which benchmark")
-    p.add_argument("--regions", type=int, default=10_000, help="solver: regions")
-    p.add_argument("--edges", type=int, default=30_000, help="solver: edges")
-    p.add_argument("--frontiers", type=int, default=50, help="solver: frontiers per region")
-    p.add_argument("--seed", type=int, default=7, help="solver: random graph seed")
-    p.add_argument("--epochs", type=int, default=9, help="rework: epochs of input")
-    p.add_argument("--kill-epoch", type=int, default=7, help="rework: kill communities in it")
-    p.add_argument("--events", type=int,
-                   help="rework, regimes: events of input (defaults 3,000 and 20,000)")
-    p.add_argument("--rounds", type=int, default=2, help="regimes: rounds of each variant")
-    p.add_argument("--latency-events", type=int, default=3000, help="regimes: live events")
-    p.add_argument("--latency-epochs", type=int, default=6, help="regimes: live epochs")
-    p.add_argument("--quick", action="store_true", help="all: small inputs (a smoke run)")
-    p.add_argument("--out", help="all: where to write the JSON (default var/bench/<commit>.json)")
-    p.set_defaults(func=cmd_bench)
+    _add_dev_commands(sub)
     return parser
+
+
+def _add_dev_commands(sub: argparse._SubParsersAction) -> None:
+    """demo, generate, trials, chaos and bench live in the dev tooling (not in the
+    wheel): a checkout has them, an installed falkirk does not."""
+    import importlib.util
+
+    if importlib.util.find_spec("falkirk_dev") is not None:
+        from falkirk_dev.cli import add_commands
+
+        add_commands(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,7 @@ class Config:
     def spark_launch_conf(self) -> dict[str, str]:
         """Spark settings that must be given when the driver starts (spark-submit --conf,
         or the builder before the JVM exists): the same for jobs, DAG tasks and tests."""
-        from falkirk.jars import spark_jars
+        from falkirk.io.jars import spark_jars
 
         conf = {"spark.sql.shuffle.partitions": str(self.spark_shuffle_partitions),
                 "spark.ui.enabled": "true" if self.spark_ui else "false",

@@ -16,10 +16,10 @@ from airflow.sdk import DeltaDataIntervalTimetable
 from airflow.sdk.exceptions import AirflowFailException
 
 from falkirk.config import load
-from falkirk.epochlog import RESTORABLE, EpochLog
-from falkirk.runtime import time_of
-from falkirk.times import DOMAINS
-from falkirk.topology import Pipeline, load_pipeline
+from falkirk.log.epochlog import RESTORABLE, EpochLog
+from falkirk.model.times import DOMAINS
+from falkirk.model.topology import Pipeline, load_pipeline
+from falkirk.runtime.runner import time_of
 
 log = logging.getLogger(__name__)
 # How many epochs the DAG schedules (catchup runs them all); the generator's default.

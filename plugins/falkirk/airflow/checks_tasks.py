@@ -20,11 +20,11 @@ from typing import Any
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
-from falkirk import procs
 from falkirk.airflow import streams
 from falkirk.airflow.batch import epoch_of
 from falkirk.airflow.supervisor import PipelineSensor
-from falkirk.topology import load_pipeline
+from falkirk.model.topology import load_pipeline
+from falkirk.runtime import procs
 
 log = logging.getLogger(__name__)
 

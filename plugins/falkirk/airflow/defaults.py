@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from falkirk.topology import declared, load_pipeline
+from falkirk.model.topology import declared, load_pipeline
 
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "falkirk",

@@ -6,8 +6,8 @@ import json
 import logging
 from typing import Any
 
-from falkirk.gc import collect
-from falkirk.topology import load_pipeline
+from falkirk.model.topology import load_pipeline
+from falkirk.recovery.gc import collect
 
 log = logging.getLogger(__name__)
 

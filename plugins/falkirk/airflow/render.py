@@ -11,8 +11,8 @@ import html
 import json
 from typing import Any
 
-from falkirk.times import DOMAINS
-from falkirk.topology import Pipeline
+from falkirk.model.times import DOMAINS
+from falkirk.model.topology import Pipeline
 
 # One colour per regime (fill, text); the legend explains them.
 REGIME_COLOURS: dict[str, str] = {

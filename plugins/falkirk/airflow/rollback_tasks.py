@@ -13,14 +13,14 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from falkirk import procs
 from falkirk.airflow import streams
 from falkirk.airflow.render import plan_markdown
-from falkirk.epochlog import RESTORABLE, EpochLog
 from falkirk.errors import FalkirkError
-from falkirk.rollback import RollbackExecutor, RollbackPlan, RollbackRequest
-from falkirk.times import DOMAINS
-from falkirk.topology import Pipeline, load_pipeline
+from falkirk.log.epochlog import RESTORABLE, EpochLog
+from falkirk.model.times import DOMAINS
+from falkirk.model.topology import Pipeline, load_pipeline
+from falkirk.recovery.rollback import RollbackExecutor, RollbackPlan, RollbackRequest
+from falkirk.runtime import procs
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from falkirk import procs
 from falkirk.config import Config, load
-from falkirk.topology import Pipeline
+from falkirk.model.topology import Pipeline
+from falkirk.runtime import procs
 
 log = logging.getLogger(__name__)
 STREAM_ARGS: list[str] = []  # no idle timeout: a stream waits for input as long as it takes
@@ -29,7 +29,7 @@ log_file = procs.log_file  # where a job writes its output
 def finished_cleanly(pipeline: Pipeline, job: str, cfg: Config | None = None) -> bool:
     """The job's own latest row in the log of job runs says it finished (exit code 0: its
     input ended or it reached its bound): not a death. A killed job wrote no end row."""
-    from falkirk.epochlog import EpochLog
+    from falkirk.log.epochlog import EpochLog
 
     row = EpochLog.from_config(cfg or load()).job_runs(pipeline.name).get(job)
     return row is not None and row["status"] == "finished" and row["exit_code"] == 0

@@ -8,11 +8,11 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
-from falkirk import procs
 from falkirk.airflow import streams
 from falkirk.airflow.render import plan_markdown
-from falkirk.rollback import RollbackExecutor, RollbackRequest
-from falkirk.topology import load_pipeline
+from falkirk.model.topology import load_pipeline
+from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
+from falkirk.runtime import procs
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def start(pipeline: str) -> dict[str, int]:
     a rollback that crashed half-way is finished: it is resumed first, from the epoch log
     (the generation it moved to is the one the jobs must start in).
     """
-    from falkirk.epochlog import EpochLog
+    from falkirk.log.epochlog import EpochLog
 
     pipe = load_pipeline(pipeline)
     if streams.pause_marker(pipe).exists():

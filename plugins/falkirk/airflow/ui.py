@@ -52,7 +52,7 @@ def run_plans(dag_id: str, run_id: str, session: Any) -> list[tuple[str, dict]]:
 def page(dag_id: str, run_id: str, plans: list[tuple[str, dict]]) -> str:
     """The HTML of the tab: the newest plan, or why there is none."""
     from falkirk.airflow.render import plan_html
-    from falkirk.topology import load_pipeline
+    from falkirk.model.topology import load_pipeline
 
     e = html.escape
     if not plans:

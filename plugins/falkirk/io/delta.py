@@ -1,0 +1,335 @@
+"""The durable output layer: exactly-once Delta tables written and restored by delta-spark.
+
+Every data table has one writing engine, delta-spark (delta-rs only reads them, where no
+Spark runs: the CLI, Airflow tasks, checks, the report):
+
+* :class:`EpochWriter` appends one epoch at a time with Delta's idempotent writes:
+  ``txnAppId`` = ``falkirk:{region}:g{generation}``, ``txnVersion`` = the epoch. Delta skips
+  a write whose version is not above the app's last one, so an epoch replayed after a crash
+  is written once; the epoch's commit is found again by its ``txn`` action.
+* :func:`rollback_table` restores a table with ``DeltaTable.restoreToVersion``. A RESTORE
+  keeps every app's transaction version (delta-io/delta#1813): writers that must write
+  epochs after the restored version again do so under a new generation (a new app id).
+* :func:`read_version` reads one version (``versionAsOf``).
+* :func:`vacuum_orphans` removes data files no kept version references (a write killed
+  before its commit leaves such files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable as RsTable
+
+from falkirk.errors import FalkirkError
+from falkirk.faults import maybe_crash
+from falkirk.io.lake import (
+    LOG_DIR,
+    TABLE_CONFIGURATION,
+    DeltaLogReader,
+    TableSchemaError,
+    file_path,
+    local_path,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+_CREATE_ATTEMPTS = 5
+
+
+def app_id_for(region: str, generation: int) -> str:
+    """The app id of a writer: one per (region, generation), so a new generation rewrites."""
+    return f"falkirk:{region}:g{generation}"
+
+
+def spark_uri(uri: str) -> str:
+    """A location as Spark's Hadoop file systems name it (s3:// is s3a:// there)."""
+    if uri.startswith("s3://"):
+        return "s3a://" + uri[len("s3://") :]
+    return uri
+
+
+def spark_schema(schema: pa.Schema) -> StructType:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+def _shape(fields: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    return [(f["name"], json.dumps(f["type"], sort_keys=True), bool(f["nullable"]))
+            for f in fields]
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What one committed epoch became: the table version the epoch log records."""
+
+    version: int
+    epoch: int
+    generation: int
+    app_id: str
+
+
+class EpochWriter:
+    """Appends a region's epochs to a Delta table exactly once per generation.
+
+    Delta checks the transaction version inside its commit (optimistic concurrency), so a
+    racing writer of the same (region, generation) cannot commit an epoch twice; appends of
+    other app ids (several regions may write one table) do not conflict.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        table_uri: str,
+        region: str,
+        generation: int,
+        schema: pa.Schema,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.table_uri = table_uri.rstrip("/")
+        self.region = region
+        self.generation = generation
+        self.schema = schema
+        self.app_id = app_id_for(region, generation)
+        self.log = DeltaLogReader(self.table_uri, storage_options)
+        self._ensured = False
+
+    # -- table ---------------------------------------------------------------------------
+
+    def ensure_table(self) -> None:
+        """Create the table (an empty version 0) if missing; refuse a table of another schema."""
+        ensure_table(self.spark, self.table_uri, self.schema, self.log.storage_options)
+        self._ensured = True
+
+    def committed_epoch(self) -> int | None:
+        """The last epoch this (region, generation) committed, or None."""
+        if not self._ensured:
+            self.ensure_table()
+        return self.log.table().transaction_version(self.app_id)
+
+    def is_committed(self, epoch: int) -> bool:
+        """Whether ``epoch`` is already in the table for this generation (epochs of one
+        generation are committed in order)."""
+        done = self.committed_epoch()
+        return done is not None and done >= epoch
+
+    # -- writing -------------------------------------------------------------------------
+
+    def write_epoch(self, df: DataFrame, epoch: int) -> CommitResult | None:
+        """Append and commit one epoch; None when this generation already committed it."""
+        if self.is_committed(epoch):
+            return None
+        before = self.log.table().version()
+        maybe_crash("writer:before-commit")
+        (
+            self._conform(df).write.format("delta").mode("append")
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", epoch)
+            .option("userMetadata", json.dumps(
+                {"falkirk": {"region": self.region, "generation": self.generation,
+                             "epoch": epoch}}, separators=(",", ":")))
+            .save(spark_uri(self.table_uri))
+        )
+        maybe_crash("writer:after-commit")
+        newest = self.log.table().version()
+        version = self.log.find_txn(self.app_id, epoch, newest, before + 1)
+        if version is None:  # another writer of this app id committed it meanwhile
+            return None
+        return CommitResult(version=version, epoch=epoch, generation=self.generation,
+                            app_id=self.app_id)
+
+    def version_of(self, epoch: int) -> int | None:
+        """The version that committed ``epoch`` in this generation (for a writer restarted
+        after a crash between its commit and the epoch log's row), or None."""
+        return self.log.find_txn(self.app_id, epoch, self.log.table().version())
+
+    def _conform(self, df: DataFrame) -> DataFrame:
+        """The DataFrame with the table's columns, in order and of the table's types."""
+        from pyspark.sql import functions as F
+
+        target = spark_schema(self.schema)
+        if [(f.name, f.dataType) for f in df.schema] == [(f.name, f.dataType) for f in target]:
+            return df
+        missing = [f.name for f in target if f.name not in df.columns]
+        if missing:
+            raise TableSchemaError(
+                f"epoch DataFrame of region {self.region!r} lacks columns {missing} of "
+                f"{self.table_uri}")
+        return df.select([F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in target])
+
+
+def ensure_table(spark: SparkSession, table_uri: str, schema: pa.Schema,
+                 storage_options: dict[str, str] | None = None) -> None:
+    """Create a data table with delta-spark (an empty version 0) if missing; refuse one of
+    another schema (names, types and nullability)."""
+    from delta.tables import DeltaTable
+
+    expected = _shape(json.loads(spark_schema(schema).json())["fields"])
+    for attempt in range(_CREATE_ATTEMPTS):
+        if RsTable.is_deltatable(table_uri, storage_options):
+            break
+        builder = DeltaTable.createIfNotExists(spark).location(spark_uri(table_uri))
+        builder = builder.addColumns(spark_schema(schema))
+        for key, value in TABLE_CONFIGURATION.items():
+            builder = builder.property(key, value)
+        try:
+            builder.execute()
+            break
+        except Exception:  # another job created it at the same moment: look again
+            if attempt == _CREATE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+    found = json.loads(RsTable(table_uri, storage_options=storage_options).schema().to_json())
+    if _shape(found["fields"]) != expected:
+        raise TableSchemaError(f"{table_uri} has schema {json.dumps(found)}, its writer "
+                               f"writes {spark_schema(schema).json()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Recovery
+
+
+class RestoreError(FalkirkError, ValueError):
+    """A table cannot be restored to the version asked for."""
+
+
+def rollback_table(spark: SparkSession, table_uri: str, to_version: int,
+                   storage_options: dict[str, str] | None = None) -> int:
+    """Make readers see exactly the table as at ``to_version``; return the version that does.
+
+    ``restoreToVersion`` is one atomic commit that also restores metadata and schema and
+    re-adds files removed since; it fails when vacuum has deleted files of ``to_version``.
+    The rolled-back versions stay readable by time travel until vacuumed. A no-op when the
+    table is at ``to_version``, and when version 0 (the empty table its writer creates
+    first) is asked for and the table does not exist: its writer died before creating it,
+    so nothing was committed (found by ``falkirk trials``: a kill in epoch 0).
+    """
+    from delta.tables import DeltaTable
+
+    if to_version == 0 and not RsTable.is_deltatable(table_uri, storage_options):
+        return 0
+    log = DeltaLogReader(table_uri, storage_options)
+    current = log.table().version()
+    if to_version > current or to_version < 0:
+        raise RestoreError(f"cannot roll {table_uri} at version {current} back to {to_version}")
+    if to_version == current:
+        return current
+    DeltaTable.forPath(spark, spark_uri(table_uri)).restoreToVersion(to_version)
+    # The RESTORE is the newest commit whose target is to_version (writers are stopped).
+    newest = log.table().version()
+    for version in range(newest, current, -1):
+        info = log.commit_info(version)
+        target = (info.get("operationParameters") or {}).get("version")
+        if info.get("operation") == "RESTORE" and target is not None \
+                and int(target) == to_version:
+            return version
+    raise RestoreError(f"RESTORE of {table_uri} to {to_version} not found in its log")
+
+
+def vacuum_orphans(
+    table_uri: str,
+    retention_hours: int | None = None,
+    *,
+    keep_from_version: int | None = None,
+    dry_run: bool = False,
+    storage_options: dict[str, str] | None = None,
+) -> list[str]:
+    """Delete data files no kept version references (a write killed before its commit
+    leaves such files); return them, relative to the table root.
+
+    Every version from ``keep_from_version`` (default: every version still in the log)
+    stays readable, so rolled-back versions can still be time-travelled to. A file is only
+    deleted once older than ``retention_hours`` (default 168): a writer between its file
+    write and its commit has orphans too until it commits. Files only: the table's log is
+    not written (data tables have one writing engine, delta-spark).
+    """
+    log = DeltaLogReader(table_uri, storage_options)
+    latest = log.table().version()
+    first = _earliest_log_version(log.fs) if keep_from_version is None else keep_from_version
+    kept: set[str] = set()
+    for version in range(first, latest + 1):
+        table = RsTable(table_uri, version=version, storage_options=storage_options)
+        kept.update(_relative(table_uri, uri) for uri in table.file_uris())
+    horizon = time.time() - 3600 * (168 if retention_hours is None else retention_hours)
+    removed = []
+    for info in log.fs.get_file_info(pafs.FileSelector("", recursive=True)):
+        path = info.path.lstrip("/")
+        top = path.split("/", 1)[0]
+        if (info.type != pafs.FileType.File or top.startswith(("_", "."))
+                or not path.endswith(".parquet") or path in kept):
+            continue
+        if info.mtime_ns is not None and info.mtime_ns / 1e9 > horizon:
+            continue
+        removed.append(path)
+        if not dry_run:
+            log.fs.delete_file(path)
+    local = local_path(table_uri)
+    if local is not None and not dry_run:
+        _remove_empty_folders(local)
+    return sorted(removed)
+
+
+def _relative(table_uri: str, uri: str) -> str:
+    """A file of ``table_uri`` named relative to the table root."""
+    root = table_uri.rstrip("/")
+    local = local_path(root)
+    path = file_path(uri)
+    if local is not None:
+        root = local
+    return path[len(root) + 1:] if path.startswith(root + "/") else path
+
+
+def _earliest_log_version(fs: pafs.FileSystem) -> int:
+    """The oldest version whose commit file is still in the log."""
+    infos = fs.get_file_info(pafs.FileSelector(LOG_DIR, recursive=False))
+    versions = [
+        int(i.base_name[:20])
+        for i in infos
+        if i.base_name.endswith(".json") and i.base_name[:20].isdigit()
+    ]
+    return min(versions) if versions else 0
+
+
+def _remove_empty_folders(root: str) -> None:
+    """Drop empty folders under the table root (a local file system keeps them)."""
+    for name in os.listdir(root):
+        if name.startswith(("_", ".")):
+            continue
+        top = os.path.join(root, name)
+        if not os.path.isdir(top):
+            continue
+        for folder, _dirs, _files in os.walk(top, topdown=False):
+            with suppress(OSError):
+                os.rmdir(folder)  # fails unless empty
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_version(
+    spark: SparkSession,
+    table_uri: str,
+    version: int | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> DataFrame:
+    """Exactly the rows of one table version (default: latest) as a Spark DataFrame."""
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(spark_uri(table_uri.rstrip("/")))

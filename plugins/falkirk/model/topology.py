@@ -1,0 +1,373 @@
+"""Pipeline declarations: regions with their regime, and the edges between them.
+
+A pipeline is declared once, in a YAML file under ``schemas/pipelines/``. Loading
+validates it and every error names the file and the region or edge at fault.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from falkirk.errors import FalkirkError
+from falkirk.model.times import DOMAINS, ITERATION
+
+PIPELINES_DIR = Path(__file__).resolve().parents[3] / "schemas" / "pipelines"
+
+REGIMES = ("ephemeral", "batch", "lazy", "eager")
+EDGE_KINDS = ("kafka", "delta", "unlogged")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class TopologyError(FalkirkError, ValueError):
+    """A pipeline declaration that cannot run; the message says where and why."""
+
+
+class ChecksSettings(BaseModel):
+    """``settings.checks``: how data checks gate and react (docs/pipeline-yaml.md)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    hold: bool = False  # receivers read only epochs whose checks passed
+    on_failure: Literal["quarantine", "rollback"] = "quarantine"
+    pandas_max_rows: int = Field(1_000_000, ge=0)  # larger epochs go to GX's Spark engine
+
+
+class PipelineSettings(BaseModel):
+    """``settings``: what every region's epochs depend on. No defaults for what changes
+    results: an epoch length or origin a user forgot would cut other epochs silently.
+    Further keys are the application's own (read by its jobs)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    epoch_seconds: float = Field(gt=0)  # epochs are event-time windows of this length
+    origin_ms: int = Field(ge=0)  # the start of epoch 0, in epoch milliseconds
+    checks: ChecksSettings = Field(default_factory=ChecksSettings)
+
+
+def _settings_error(exc: ValidationError) -> str:
+    """Pydantic's errors as 'settings.<key>: <rule> (got <value>)', one per line."""
+    parts = []
+    for err in exc.errors():
+        key = ".".join(str(x) for x in ("settings", *err["loc"]))
+        got = "" if err["type"] == "missing" else f" (got {err['input']!r})"
+        parts.append(f"{key}: {err['msg'].lower()}{got}")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class RegionSpec:
+    name: str
+    regime: str
+    domain: str = "epoch"
+    job: str | None = None  # entry point in jobs/ (spark-submit)
+    stateful: bool = False  # keeps state between epochs (lazy and eager regions do)
+    checkpoint_every: int | None = None  # K: a lazy region checkpoints every K epochs
+    checkpoint_seconds: float | None = None  # or every T seconds
+    retain_checkpoints: int = 3  # lazy checkpoints kept beyond what the low watermark needs
+    options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def iterating(self) -> bool:
+        return DOMAINS[self.domain] is ITERATION
+
+    @property
+    def keeps_state(self) -> bool:
+        return self.regime in ("lazy", "eager")
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    name: str
+    kind: str  # kafka | delta | unlogged
+    src: str | None  # None: produced outside the pipeline
+    dst: str | None  # None: read outside the pipeline (clients)
+    topic: str | None = None
+    partitions: int = 1
+    table: str | None = None
+    # The receiver uses the sender's epoch k at its own epoch k + delay (a side input read
+    # "as of the previous epoch" has delay 1). Records keep the sender's epochs; the
+    # receiver at epoch e has delivered them up to e - delay.
+    delay: int = 0
+    schema: str | None = None  # schemas/tables/<schema>.json when it differs from the table
+
+    @property
+    def table_schema(self) -> str:
+        return self.schema or self.table
+
+    @property
+    def logged(self) -> bool:
+        """What the sender sent can be sent again (a Delta table, a topic's retention)."""
+        return self.kind in ("kafka", "delta")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    regions: dict[str, RegionSpec]
+    edges: dict[str, EdgeSpec]
+    settings: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    source: str = ""
+
+    def in_edges(self, region: str) -> list[EdgeSpec]:
+        return [e for e in self.edges.values() if e.dst == region]
+
+    def out_edges(self, region: str) -> list[EdgeSpec]:
+        return [e for e in self.edges.values() if e.src == region]
+
+    def checks_setting(self, name: str, default: Any = None) -> Any:
+        """``settings.checks.<name>`` of the declaration (read by the validator, and by the
+        jobs and the harness for ``hold``)."""
+        return (self.settings.get("checks") or {}).get(name, default)
+
+    def edge_domain(self, edge: EdgeSpec) -> str:
+        """Times on an edge are in its receiver's domain (its sender's, for an output)."""
+        return self.regions[edge.dst or edge.src].domain
+
+    # ---- loading --------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | Path) -> Pipeline:
+        import yaml
+
+        path = Path(path)
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise TopologyError(f"{path}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise TopologyError(f"{path}: not valid YAML: {exc}") from None
+        pipeline = cls.from_dict(raw, origin=str(path))
+        pipeline.check_files()
+        return pipeline
+
+    def _job_dirs(self) -> list[Path]:
+        from falkirk.config import REPO_ROOT
+
+        declared = self.source.endswith((".yaml", ".yml"))
+        return [Path(self.source).resolve().parent, REPO_ROOT] if declared else [REPO_ROOT]
+
+    @property
+    def schema_roots(self) -> tuple[Path, ...]:
+        """The declaration's own ``schemas/`` folder, searched before falkirk's."""
+        return tuple(d / "schemas" for d in self._job_dirs()[:-1])
+
+    def job_path(self, job: str) -> Path:
+        """A job entry point as declared: relative to the declaration's folder, else to the
+        falkirk checkout (where the reference pipeline's jobs live)."""
+        if Path(job).is_absolute():
+            return Path(job)
+        dirs = self._job_dirs()
+        return next((d / job for d in dirs if (d / job).is_file()), dirs[-1] / job)
+
+    def check_files(self) -> None:
+        """Every job entry point and table schema the declaration names exists: found now,
+        not when a job starts (or, worse, when its first epoch writes)."""
+        from falkirk.model.schemas import find
+
+        for spec in self.regions.values():
+            if spec.job and not self.job_path(spec.job).is_file():
+                where = " and ".join(str(d) for d in self._job_dirs())
+                raise TopologyError(f"{self.source}: region {spec.name!r}: job file "
+                                    f"{spec.job} not found (looked in {where})")
+        for e in self.edges.values():
+            if (e.kind == "delta" and e.src is not None
+                    and find("tables", e.table_schema, self.schema_roots) is None):
+                    where = " and ".join(str(r / "tables") for r in self.schema_roots)
+                    raise TopologyError(f"{self.source}: edge {e.name!r}: table schema "
+                                        f"{e.table_schema}.json not found (looked in "
+                                        f"{where or 'falkirk schemas/tables'})")
+
+    @classmethod
+    def from_dict(cls, raw: Any, origin: str = "pipeline") -> Pipeline:
+        def fail(where: str, what: str) -> TopologyError:
+            return TopologyError(f"{origin}: {where}: {what}")
+
+        if not isinstance(raw, dict):
+            raise fail("top level", "expected a mapping with pipeline, regions and edges")
+        extra = set(raw) - {"pipeline", "regions", "edges", "settings"}
+        if extra:
+            raise fail("top level", f"unknown keys {sorted(extra)}")
+        name = raw.get("pipeline")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise fail("pipeline", f"expected a lower-case identifier, got {name!r}")
+        raw_regions, raw_edges = raw.get("regions") or {}, raw.get("edges") or {}
+        if not isinstance(raw_regions, dict) or not raw_regions:
+            raise fail("regions", "declare at least one region")
+
+        regions: dict[str, RegionSpec] = {}
+        allowed = {"regime", "domain", "job", "stateful", "checkpoint_every",
+                   "checkpoint_seconds", "retain_checkpoints", "options"}
+        for rname, spec in raw_regions.items():
+            where = f"region {rname!r}"
+            if not _NAME.match(str(rname)):
+                raise fail(where, "names are lower-case identifiers")
+            if not isinstance(spec, dict):
+                raise fail(where, "expected a mapping")
+            extra = set(spec) - allowed
+            if extra:
+                raise fail(where, f"unknown keys {sorted(extra)}")
+            regime = spec.get("regime")
+            if regime not in REGIMES:
+                raise fail(where, f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+            domain = spec.get("domain", "epoch")
+            if domain not in DOMAINS or domain == "offsets":
+                raise fail(where, f"domain must be epoch or epoch.iteration, got {domain!r}")
+            stateful = spec.get("stateful", regime in ("lazy", "eager"))
+            if regime in ("ephemeral", "batch") and stateful:
+                raise fail(where, f"an {regime} region keeps no state between epochs; "
+                                  "declare it lazy or eager to keep state")
+            every, seconds = spec.get("checkpoint_every"), spec.get("checkpoint_seconds")
+            if regime == "lazy":
+                if every is None and seconds is None:
+                    raise fail(where, "a lazy region needs checkpoint_every (K epochs) "
+                                      "or checkpoint_seconds (T)")
+                if every is not None and (not isinstance(every, int) or every < 1):
+                    raise fail(where, f"checkpoint_every must be an integer ≥ 1, got {every!r}")
+            elif every is not None or seconds is not None:
+                why = "commit every epoch" if regime == "eager" else "keep no state"
+                raise fail(where, f"only lazy regions take checkpoint_every/seconds "
+                                  f"({regime} regions {why})")
+            retain = spec.get("retain_checkpoints", 3)
+            if not isinstance(retain, int) or retain < 1:
+                raise fail(where, f"retain_checkpoints must be an integer ≥ 1, got {retain!r}")
+            regions[rname] = RegionSpec(
+                rname, regime, domain, spec.get("job"), bool(stateful), every, seconds, retain,
+                dict(spec.get("options") or {}),
+            )
+
+        edges: dict[str, EdgeSpec] = {}
+        for ename, spec in raw_edges.items():
+            where = f"edge {ename!r}"
+            if not isinstance(spec, dict):
+                raise fail(where, "expected a mapping")
+            extra = set(spec) - {"kind", "from", "to", "topic", "partitions", "table", "delay",
+                                 "schema"}
+            if extra:
+                raise fail(where, f"unknown keys {sorted(extra)}")
+            kind = spec.get("kind")
+            if kind not in EDGE_KINDS:
+                raise fail(where, f"kind must be one of {', '.join(EDGE_KINDS)}, got {kind!r}")
+            src, dst = spec.get("from"), spec.get("to")
+            for end, label in ((src, "from"), (dst, "to")):
+                if end is not None and end not in regions:
+                    raise fail(where, f"{label!r} names unknown region {end!r}")
+            if src is None and dst is None:
+                raise fail(where, "needs from or to")
+            if kind == "unlogged":
+                if src is None or dst is None:
+                    raise fail(where, "an unlogged edge passes records between two regions "
+                                      "inside one Spark job: it needs both from and to")
+                if regions[src].job != regions[dst].job:
+                    raise fail(where, f"an unlogged edge passes records inside one Spark job, "
+                                      f"but {src!r} and {dst!r} run in different jobs")
+            elif kind == "kafka" and not spec.get("topic"):
+                raise fail(where, "a kafka edge needs its topic")
+            elif kind == "delta" and not spec.get("table"):
+                raise fail(where, "a delta edge needs its table")
+            if src is None and kind != "kafka":
+                raise fail(where, "an input from outside the pipeline must be a kafka topic")
+            partitions = spec.get("partitions", 1)
+            if not isinstance(partitions, int) or partitions < 1:
+                raise fail(where, f"partitions must be an integer ≥ 1, got {partitions!r}")
+            delay = spec.get("delay", 0)
+            if not isinstance(delay, int) or delay < 0:
+                raise fail(where, f"delay must be an integer ≥ 0, got {delay!r}")
+            edges[ename] = EdgeSpec(ename, kind, src, dst, spec.get("topic"), partitions,
+                                    spec.get("table"), delay, spec.get("schema"))
+
+        writers: dict[str, set[str]] = {}
+        for e in edges.values():
+            if e.kind == "delta" and e.src is not None:
+                writers.setdefault(e.table, set()).add(e.src)
+        for table, srcs in writers.items():
+            if len(srcs) > 1:
+                raise fail(f"table {table!r}", f"written by regions {sorted(srcs)}: a rollback "
+                           "restores a table as one region wrote it, which would undo the "
+                           "other's epochs; give each region its own table")
+        raw_settings = raw.get("settings")
+        if raw_settings is None:
+            raise fail("settings", "missing: declare at least epoch_seconds and origin_ms")
+        if not isinstance(raw_settings, dict):
+            raise fail("settings", "expected a mapping")
+        try:
+            settings = PipelineSettings.model_validate(raw_settings)
+        except ValidationError as exc:
+            raise TopologyError(f"{origin}: {_settings_error(exc)}") from None
+        pipeline = cls(name, regions, edges, settings.model_dump(), origin)
+        pipeline._check_cycles(fail)
+        return pipeline
+
+    def _check_cycles(self, fail) -> None:
+        """Every cycle must pass through an iterating region (it is what ends a loop)."""
+        graph: dict[str, list[str]] = {r: [] for r in self.regions}
+        for e in self.edges.values():
+            if e.src and e.dst and not self.regions[e.dst].iterating:
+                graph[e.src].append(e.dst)
+        # Edges into an iterating region are cut: a cycle left over has none.
+        colour: dict[str, int] = {}
+        stack: list[str] = []
+
+        def visit(n: str) -> None:
+            colour[n] = 1
+            stack.append(n)
+            for m in graph[n]:
+                if colour.get(m) == 1:
+                    loop = stack[stack.index(m):] + [m]
+                    raise fail("edges", "a cycle without an iterating region: "
+                                        + " → ".join(loop))
+                if m not in colour:
+                    visit(m)
+            stack.pop()
+            colour[n] = 2
+
+        for n in self.regions:
+            if n not in colour:
+                visit(n)
+
+
+def declared() -> dict[str, Path]:
+    """The declared pipelines (name -> file): in the folders of ``$FALKIRK_PIPELINES``
+    (``<folder>/<name>.yaml``, or ``<folder>/<name>/pipeline.yaml`` for a pipeline folder),
+    then the checkout's ``schemas/pipelines``; the first of a name wins."""
+    import os
+
+    from falkirk.config import load
+
+    folders = [Path(f) for f in load().pipelines.split(os.pathsep) if f] + [PIPELINES_DIR]
+    found: dict[str, Path] = {}
+    for folder in folders:
+        files = [*sorted(folder.glob("*.yaml")), *sorted(folder.glob("*/pipeline.yaml"))]
+        for path in files:
+            name = path.parent.name if path.name == "pipeline.yaml" else path.stem
+            found.setdefault(name, path)
+    return found
+
+
+def check_declared() -> dict[str, tuple[Path, str | None]]:
+    """Every declared pipeline, loaded and checked: name -> (file, None or the error)."""
+    out: dict[str, tuple[Path, str | None]] = {}
+    for name, path in declared().items():
+        try:
+            pipe = Pipeline.load(path)
+            error = (None if pipe.name == name else f"{path}: declares pipeline "
+                     f"{pipe.name!r}, but its file names it {name!r}")
+        except TopologyError as exc:
+            error = str(exc)
+        out[name] = (path, error)
+    return out
+
+
+def load_pipeline(name_or_path: str | Path) -> Pipeline:
+    """A declared pipeline by name, or a declaration file by path."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return Pipeline.load(path)
+    files = declared()
+    if str(name_or_path) not in files:
+        raise TopologyError(
+            f"unknown pipeline {str(name_or_path)!r} (declared: {', '.join(files) or 'none'})"
+        )
+    return Pipeline.load(files[str(name_or_path)])

@@ -1,0 +1,172 @@
+"""Job processes: start a job (spark-submit) in its own process group, find it, stop it.
+
+Each running job leaves a small JSON file under ``var/run/<pipeline>/`` naming its pid,
+process group and the regions it hosts, so a rollback can stop exactly the jobs that host
+affected regions, and the supervisor can tell a dead region from a slow one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from falkirk.config import REPO_ROOT, Config, load
+from falkirk.model.topology import Pipeline
+
+
+def _dirs(cfg: Config | None) -> tuple[Path, Path]:
+    """(pid files, logs) of this machine's profile."""
+    var = Path((cfg or load()).var_dir)
+    return var / "run", var / "log"
+
+
+
+def jobs_of(pipeline: Pipeline) -> dict[str, list[str]]:
+    """Job entry point -> the regions it hosts (in declaration order)."""
+    out: dict[str, list[str]] = {}
+    for name, spec in pipeline.regions.items():
+        if spec.job:
+            out.setdefault(spec.job, []).append(name)
+    return out
+
+
+def log_file(pipeline: Pipeline, job: str, cfg: Config | None = None) -> Path:
+    """Where a job's output goes: var/log/<pipeline>-<job>.log."""
+    return _dirs(cfg)[1] / f"{pipeline.name}-{Path(job).stem}.log"
+
+
+def job_command(job: str | Path, args: list[str], cfg: Config | None = None) -> list[str]:
+    """spark-submit of a job entry point, on this profile's master."""
+    cfg = cfg or load()
+    venv = Path(sys.executable).parent
+    submit = venv / "spark-submit"
+    confs = [arg for k, v in cfg.spark_launch_conf.items() for arg in ("--conf", f"{k}={v}")]
+    return [str(submit), "--master", cfg.spark_master, *confs, str(REPO_ROOT / job), *args]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if load().spark_master.startswith("local"):  # a cluster's workers must reach the driver
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return env
+
+
+def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
+              cfg: Config | None = None, env: dict[str, str] | None = None
+              ) -> subprocess.Popen:
+    """Start a job in its own process group; its output goes to var/log/<pipeline>-<job>.log."""
+    run_dir = _dirs(cfg)[0] / pipeline.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = log_file(pipeline, job, cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    name = Path(job).stem
+    out = open(path, "ab")  # noqa: SIM115 - the child keeps it
+    cmd = job_command(pipeline.job_path(job), ["--pipeline", pipeline.source or pipeline.name,
+                                                *(args or [])], cfg)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                            env={**_env(), **(env or {})}, start_new_session=True)
+    out.close()
+    (run_dir / f"{name}.json").write_text(json.dumps({
+        "pid": proc.pid, "pgid": proc.pid, "job": job, "regions": jobs_of(pipeline)[job],
+        "started": time.time(), "process_started": process_started(proc.pid), "command": cmd,
+    }))
+    return proc
+
+
+def running(pipeline: Pipeline, cfg: Config | None = None) -> list[dict]:
+    """The job processes of a pipeline that are alive now."""
+    folder = _dirs(cfg)[0] / pipeline.name
+    out = []
+    for f in sorted(folder.glob("*.json")) if folder.exists() else []:
+        info = json.loads(f.read_text())
+        if is_process(info["pid"], info.get("process_started")):
+            out.append(info)
+    return out
+
+
+def process_started(pid: int) -> float | None:
+    """When the OS started process ``pid`` (None if there is none): a pid and its start
+    time name one process, even after the OS reuses the pid."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def this_process() -> dict:
+    """This process as other processes can find it again: host, pid and start time."""
+    import socket
+
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": process_started(os.getpid())}
+
+
+def is_process(pid: object, started: float | None) -> bool:
+    """``pid`` still names the process that started at ``started`` (the OS reuses pids: a
+    reused one has another start time)."""
+    return isinstance(pid, int) and alive(pid) and process_started(pid) == started
+
+
+def alive(pid: int) -> bool:
+    """True while the process runs (a zombie, dead but not yet reaped, counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X", "")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids in process group ``pgid``; zombies hold no port or memory."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def group_alive(pgid: int) -> bool:
+    """Some process of the group still runs (zombies do not count)."""
+    return bool(group_members(pgid))
+
+
+def stop_group(pgid: int, timeout_s: float = 30.0) -> None:
+    """SIGTERM the process group, SIGKILL what is left after ``timeout_s``."""
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not group_alive(pgid):
+                return
+            time.sleep(0.2)
+
+
+def stop_regions(pipeline: Pipeline, regions: set[str], cfg: Config | None = None) -> list[str]:
+    """Stop every running job that hosts one of ``regions``; return the jobs stopped."""
+    stopped = []
+    for info in running(pipeline, cfg):
+        if set(info["regions"]) & regions:
+            stop_group(info["pgid"])
+            stopped.append(info["job"])
+    return stopped

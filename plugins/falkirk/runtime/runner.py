@@ -1,0 +1,761 @@
+"""Running regions: one epoch at a time, each under its own fault-tolerance regime.
+
+A *job* (one Spark application, ``jobs/<name>.py``) hosts one region, or several joined
+by unlogged edges (records passed inside the job). The runner drives the job's epochs:
+
+1. wait until epoch e is complete at every input: a Kafka input has a record at or after
+   the epoch's end in every partition (found with the broker's time index, records are
+   stamped with their event time), or the partition's end-of-stream marker; a logged
+   Delta edge has the sender's epoch ``e - delay`` committed in the epoch log;
+2. log ``running``; read the epoch's input (Kafka: exactly the offset range of the cut,
+   with Spark's Kafka connector; Delta: the table at the version the sender logged);
+3. run the job's pure transforms (the job's :class:`JobLogic`);
+4. commit outputs: Delta edges through the exactly-once writer (delta-spark, app
+   transaction per region and generation), Kafka outputs produced with Spark's Kafka
+   connector (acks=all; clients keep the latest per key);
+5. persist state as the regime says: eager every epoch, lazy every K epochs (incremental
+   checkpoints: only keys that changed); ephemeral and batch keep none;
+6. log ``committed`` (or ``checkpointed``) with the input ranges, output versions and
+   state reference: what the rollback solver needs.
+
+The epoch log, not Spark's checkpoint folder, is the source of truth: a region always
+(re)starts from the frontier the log (or a rollback plan) names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pyarrow as pa
+
+from falkirk.config import Config, load
+from falkirk.errors import FalkirkError
+from falkirk.io.kafka import EOS_TIMESTAMP, broker_retry
+from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
+from falkirk.model.schemas import arrow_schema, ddl, find
+from falkirk.model.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
+from falkirk.model.topology import EdgeSpec, Pipeline
+
+log = logging.getLogger("falkirk.runtime")
+
+
+
+class RuntimeFailure(FalkirkError):
+    """A region cannot go on (its input is gone, its declaration does not fit the job)."""
+
+
+# ---- epochs and Kafka cuts ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EpochClock:
+    """Epochs are event-time windows: epoch = floor((ts - origin) / length)."""
+
+    origin_ms: int
+    length_ms: int
+
+    def epoch_of(self, ts_ms: int) -> int:
+        return (ts_ms - self.origin_ms) // self.length_ms
+
+    def end_ms(self, epoch: int) -> int:
+        """The first timestamp after ``epoch``."""
+        return self.origin_ms + (epoch + 1) * self.length_ms
+
+    @classmethod
+    def of(cls, pipeline: Pipeline) -> EpochClock:
+        s = pipeline.settings  # both validated as required (topology.PipelineSettings)
+        return cls(int(s["origin_ms"]), int(s["epoch_seconds"] * 1000))
+
+
+class KafkaCut:
+    """Where each epoch ends in each partition of a topic, from the broker's time index.
+
+    The cut of epoch e in a partition is the first offset whose record timestamp is at or
+    after the end of e; the same input always gives the same cut. A record of an earlier
+    epoch that arrives after the cut is *late*: it falls into a later epoch's range,
+    where the region dead-letters it. Every question to the broker is retried while it
+    restarts (:func:`falkirk.io.kafka.broker_retry`).
+    """
+
+    def __init__(self, bootstrap: str, topic: str):
+        from kafka import KafkaConsumer
+
+        self.topic = topic
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                      enable_auto_commit=False, client_id="falkirk-cut")
+        parts = self.consumer.partitions_for_topic(topic)
+        if not parts:
+            raise RuntimeFailure(f"topic {topic!r} does not exist on {bootstrap}")
+        from kafka import TopicPartition
+
+        self.tps = [TopicPartition(topic, p) for p in sorted(parts)]
+
+    @broker_retry
+    def beginning(self) -> Offsets:
+        return Offsets({str(tp.partition): o
+                        for tp, o in self.consumer.beginning_offsets(self.tps).items()})
+
+    @broker_retry
+    def cut(self, end_ms: int) -> Offsets | None:
+        """Offsets where the epoch ending at ``end_ms`` stops; None while incomplete."""
+        found = self.consumer.offsets_for_times({tp: end_ms for tp in self.tps})
+        if any(v is None for v in found.values()):
+            return None
+        return Offsets({str(tp.partition): v.offset for tp, v in found.items()})
+
+    @broker_retry
+    def ended(self, position: Offsets) -> bool:
+        """Every partition is at its end-of-stream marker: no epoch will ever come."""
+        found = self.consumer.offsets_for_times({tp: EOS_TIMESTAMP for tp in self.tps})
+        ends = self.consumer.end_offsets(self.tps)
+        return all(
+            v is not None and v.offset == position.get(str(tp.partition))
+            and ends[tp] == v.offset + 1
+            for tp, v in found.items()
+        )
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+# ---- what a job provides ---------------------------------------------------------------
+
+
+@dataclass
+class EpochContext:
+    """Everything a job's transforms get for one epoch."""
+
+    epoch: int
+    generation: int
+    spark: Any
+    pipeline: Pipeline
+    inputs: dict[str, Any]  # input edge -> DataFrame of this epoch (Kafka) or "as of" (Delta)
+    state: dict[str, Any]  # stateful region -> its state (the job's own representation)
+    active: set[str]  # regions of the job that process this epoch (others are past it)
+
+
+@dataclass
+class EpochResult:
+    """What a job's transforms return: outputs per edge, and new state per region."""
+
+    outputs: dict[str, Any] = field(default_factory=dict)  # edge -> DataFrame
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class JobLogic(ABC):
+    """A job's pure part. Subclasses set ``regions`` and implement ``process``.
+
+    Stateful regions also say how their state becomes a DataFrame with a unique string
+    ``key`` column and the ``state_schema`` value columns (for the incremental checkpoints,
+    which Spark computes and writes) and back.
+    """
+
+    regions: tuple[str, ...] = ()
+
+    @abstractmethod
+    def process(self, ctx: EpochContext) -> EpochResult:
+        """Run the job's transforms on one epoch's inputs."""
+
+    def finish_epoch(self, ctx: EpochContext) -> None:  # noqa: B027 - an optional hook
+        """Called once the epoch's outputs are committed (free cached data here)."""
+
+    def initial_state(self, region: str, spark: Any) -> Any:
+        return None
+
+    def state_schema(self, region: str) -> pa.Schema:
+        """Value columns of the region's checkpoints (besides the string ``key``)."""
+        raise RuntimeFailure(f"{type(self).__name__} keeps state for {region!r} but declares "
+                             "no state_schema")
+
+    def state_to_frame(self, region: str, state: Any) -> Any:
+        raise RuntimeFailure(f"{type(self).__name__} cannot checkpoint {region!r}")
+
+    def state_from_frame(self, region: str, frame: Any, spark: Any) -> Any:
+        raise RuntimeFailure(f"{type(self).__name__} cannot restore {region!r}")
+
+
+# ---- the runner ------------------------------------------------------------------------
+
+
+def time_of(domain: str, epoch: int) -> Any:
+    """The JSON time a region logs once epoch ``epoch`` is done."""
+    return [epoch, "inf"] if DOMAINS[domain] is ITERATION else epoch
+
+
+def epoch_of_key(domain: str, key: Any) -> int:
+    """The last epoch wholly inside a frontier key (-1 for none)."""
+    dom = DOMAINS[domain]
+    if key == dom.bottom:
+        return -1
+    if dom is ITERATION:
+        return key[0] if key[1] == INF else key[0] - 1
+    return key
+
+
+class JobRunner:
+    """Runs a job's regions epoch by epoch; see the module docstring."""
+
+    def __init__(self, pipeline: Pipeline, logic: JobLogic, spark: Any,
+                 cfg: Config | None = None, epoch_log: EpochLog | None = None,
+                 start: dict[str, int] | None = None, persist: bool = True):
+        self.pipeline = pipeline
+        # persist=False runs the same transforms with nothing made durable (no epoch log,
+        # no Delta commits, no checkpoints): the all-ephemeral baseline of the benchmarks.
+        self.persist = persist
+        # Per epoch: (epoch, seconds, finished at (wall clock), records read per Kafka edge).
+        self.timings: list[tuple[int, float, float, dict[str, int]]] = []
+        self.logic = logic
+        self.spark = spark
+        self.cfg = cfg or load()
+        self.log = epoch_log or EpochLog.from_config(self.cfg)
+        self.clock = EpochClock.of(pipeline)
+        unknown = set(logic.regions) - set(pipeline.regions)
+        if unknown:
+            raise RuntimeFailure(f"job {type(logic).__name__} runs regions {sorted(unknown)} "
+                                 f"that pipeline {pipeline.name!r} does not declare")
+        self.regions = list(logic.regions)
+        self.generation = self.log.generation(pipeline.name)
+        logs = self.log.regions(pipeline)
+        # Each region restarts after its frontier: given by a rollback, else its latest
+        # restorable entry in the log.
+        self.done: dict[str, int] = {}
+        for r in self.regions:
+            if start and r in start:
+                self.done[r] = start[r]
+            else:
+                rows = logs[r].restorable(pipeline.regions[r].regime)
+                spec = pipeline.regions[r]
+                self.done[r] = -1 if not rows else epoch_of_key(
+                    spec.domain, DOMAINS[spec.domain].parse(rows[-1].time))
+        self.state: dict[str, Any] = {}
+        self.state_frames: dict[str, Any] = {}  # region -> its state at its last checkpoint
+        self.checkpoints: dict[str, Any] = {}
+        for r in self.regions:
+            if pipeline.regions[r].keeps_state:
+                self._restore_state(r, logs[r])
+        self.positions: dict[str, Offsets] = {}  # Kafka input edge -> where the next epoch starts
+        self.cuts: dict[str, KafkaCut] = {}
+        for e in self._external_inputs():
+            self.cuts[e.name] = KafkaCut(self.cfg.kafka_bootstrap, e.topic)
+            self.positions[e.name] = self._start_offsets(e, logs)
+        self.writers: dict[tuple[str, str], Any] = {}
+
+    # -- setup --------------------------------------------------------------------------
+
+    def internal(self, edge: EdgeSpec) -> bool:
+        """Records passed inside this job (unlogged, or a table its own region writes)."""
+        return edge.kind == "unlogged" or (edge.kind == "delta" and edge.src in self.regions)
+
+    def _external_inputs(self) -> list[EdgeSpec]:
+        out = []
+        for r in self.regions:
+            for e in self.pipeline.in_edges(r):
+                if e.kind == "kafka":
+                    out.append(e)
+        return out
+
+    def _start_offsets(self, edge: EdgeSpec, logs: dict[str, RegionLog]) -> Offsets:
+        """Where epoch done+1 starts: the end of the range logged for the frontier epoch."""
+        region = edge.dst
+        done = self.done[region]
+        if done < 0:
+            return self.cuts[edge.name].beginning()
+        spec = self.pipeline.regions[region]
+        row = logs[region].entries.get(DOMAINS[spec.domain].parse(time_of(spec.domain, done)))
+        rng = None if row is None else (row.inputs or {}).get(edge.name)
+        if rng is None:
+            raise RuntimeFailure(
+                f"region {region!r} restarts after epoch {done}, but the epoch log has no "
+                f"offset range of {edge.name!r} for that epoch: cannot know where to resume"
+            )
+        return Offsets(rng["to"])
+
+    def checkpoint_store(self, region: str):
+        from falkirk.regimes.checkpoints import CheckpointStore
+
+        if region not in self.checkpoints:
+            self.checkpoints[region] = CheckpointStore(
+                self.cfg.table("_falkirk_state", self.pipeline.name, region),
+                self.logic.state_schema(region), self.cfg.delta_storage_options or None)
+        return self.checkpoints[region]
+
+    def _restore_state(self, region: str, rlog: RegionLog) -> None:
+        done = self.done[region]
+        if done < 0:
+            self.state[region] = self.logic.initial_state(region, self.spark)
+            self.state_frames[region] = None
+            return
+        spec = self.pipeline.regions[region]
+        row = rlog.entries.get(DOMAINS[spec.domain].parse(time_of(spec.domain, done)))
+        if row is None or row.state_ref is None:
+            raise RuntimeFailure(
+                f"region {region!r} restarts after epoch {done}, but the epoch log names no "
+                "state checkpoint for it"
+            )
+        frame = self.checkpoint_store(region).restore_frame(
+            self.spark, int(row.state_ref.split(":")[-1]))
+        self.state_frames[region] = frame
+        self.state[region] = self.logic.state_from_frame(region, frame, self.spark)
+        log.info("region %s: state restored from %s", region, row.state_ref)
+
+    def writer(self, region: str, edge: EdgeSpec):
+        from falkirk.io.delta import EpochWriter
+
+        key = (region, edge.table)
+        if key not in self.writers:
+            w = EpochWriter(self.spark, self.cfg.table(edge.table), region, self.generation,
+                            arrow_schema("tables", edge.table_schema, self.pipeline.schema_roots),
+                            self.cfg.delta_storage_options or None)
+            w.ensure_table()
+            self.writers[key] = w
+        return self.writers[key]
+
+    # -- the loop -----------------------------------------------------------------------
+
+    @property
+    def next_epoch(self) -> int:
+        return min(self.done.values()) + 1
+
+    def run(self, until_epoch: int | None = None, poll_s: float = 0.5,
+            idle_timeout_s: float | None = None, on_epoch: Callable[[int], None] | None = None
+            ) -> int:
+        """Process epochs until ``until_epoch`` (inclusive) or the input ends; return the
+        last epoch done."""
+        idle_since = time.monotonic()
+        while until_epoch is None or self.next_epoch <= until_epoch:
+            e = self.next_epoch
+            ready = self._ready(e)
+            if ready is None:  # the input ended: nothing more will come
+                self._record_end(e - 1)
+                break
+            if ready is False:
+                if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                    raise RuntimeFailure(
+                        f"job {'+'.join(self.regions)}: epoch {e} not complete at its inputs "
+                        f"after {idle_timeout_s:.0f} s")
+                time.sleep(poll_s)
+                continue
+            self.process_epoch(e, ready)
+            idle_since = time.monotonic()
+            if on_epoch is not None:
+                on_epoch(e)
+        else:  # stopped at until_epoch: say so if the input also ends there
+            if self._ready(self.next_epoch) is None:
+                self._record_end(self.next_epoch - 1)
+        return self.next_epoch - 1
+
+    def _record_end(self, through: int) -> None:
+        """The input ended after epoch ``through``: receivers that read only our Delta
+        outputs (and would wait for the next epoch forever) end too."""
+        if self.persist:
+            self.log.record_end(self.pipeline.name, self.regions, through, self.generation)
+
+    def _ready(self, e: int) -> dict | None | bool:
+        """Input locations of epoch e when complete; False while not; None when ended."""
+        where: dict[str, Any] = {}
+        logs = None
+        passed: dict[str, set[tuple[int, int]]] | bool | None = None
+        for r in self.regions:
+            for edge in self.pipeline.in_edges(r):
+                if self.internal(edge):
+                    continue
+                if edge.kind == "kafka":
+                    cut = self.cuts[edge.name]
+                    position = self.positions[edge.name]
+                    if cut.ended(position):
+                        return None
+                    end = cut.cut(self.clock.end_ms(e))
+                    if end is None:
+                        return False
+                    # Never before where the previous epoch stopped (cuts only move on).
+                    where[edge.name] = (position, OFFSETS.join(position, end))
+                else:  # a logged Delta edge from another job's region
+                    needed = e - edge.delay
+                    if needed < 0:
+                        where[edge.name] = None  # nothing yet: read as empty
+                        continue
+                    logs = logs if logs is not None else self.log.regions(self.pipeline)
+                    sender = self.pipeline.regions[edge.src]
+                    if passed is None:
+                        passed = self._passed()
+                    row = logs[edge.src].readable(
+                        DOMAINS[sender.domain].parse(time_of(sender.domain, needed)), needed,
+                        side_input=edge.delay > 0,
+                        checked=None if passed is False else passed.get(edge.src, set()))
+                    if row is False:
+                        ended = self.log.ends(self.pipeline.name).get(edge.src)
+                        if ended is not None and ended < needed:
+                            return None  # the sender's input ended before this epoch
+                        return False  # not committed (or not checked) yet, or quarantined
+                    if row is None:  # a side input with no good epoch yet: read as empty
+                        where[edge.name] = None
+                        continue
+                    version = (row.outputs or {}).get(edge.name, {}).get("version")
+                    if version is None:
+                        raise RuntimeFailure(
+                            f"region {edge.src!r} logged epoch {needed} without a version for "
+                            f"edge {edge.name!r}")
+                    where[edge.name] = version
+        return where
+
+    def _passed(self) -> dict[str, set[tuple[int, int]]] | bool:
+        """With ``settings.checks.hold``: per region, the (epoch, generation) whose data
+        checks all passed (receivers read only those); False when epochs are not held."""
+        if not self.pipeline.checks_setting("hold"):
+            return False
+        return self.log.passed_checks(self.pipeline.name)
+
+    def process_epoch(self, e: int, where: dict) -> None:
+        from falkirk.io.delta import read_version
+        from falkirk.io.kafka import produce, read_range
+
+        started = time.monotonic()
+        active = {r for r in self.regions if self.done[r] < e}
+        name_spark_jobs(self.spark, self.pipeline.name, active, e, self.generation)
+        # A region that restarted from a checkpoint older than epochs it already committed
+        # (and no rollback invalidated) redoes them for its state only: their outputs are
+        # live, and committing them again (in a new generation) would duplicate them.
+        redo: dict[str, EpochRecord] = {}
+        if self.persist:
+            logs = self.log.regions(self.pipeline)
+            for r in active:
+                row = logs[r].entries.get(DOMAINS[self.pipeline.regions[r].domain].parse(
+                    self._time(r, e)))
+                if row is not None and row.status in ("committed", "checkpointed"):
+                    redo[r] = row
+            self.log.record(*(EpochRecord(self.pipeline.name, r, self._time(r, e),
+                                          self.generation, "running",
+                                          note=f"pid {os.getpid()}")
+                              for r in active if r not in redo))
+        inputs: dict[str, Any] = {}
+        ranges: dict[str, dict] = {}
+        for r in self.regions:
+            for edge in self.pipeline.in_edges(r):
+                if self.internal(edge):
+                    continue
+                if edge.kind == "kafka":
+                    start, end = where[edge.name]
+                    ranges[edge.name] = {"from": start.as_dict(), "to": end.as_dict()}
+                    inputs[edge.name] = read_range(
+                        self.spark, self.cfg.kafka_bootstrap, edge.topic, start, end,
+                        record_ddl(edge.topic, self.pipeline.schema_roots))
+                elif edge.kind == "delta":
+                    version = where[edge.name]
+                    uri = self.cfg.table(edge.table)
+                    if version is None:
+                        inputs[edge.name] = self.spark.createDataFrame(
+                            [], _empty_schema(self.pipeline, edge))
+                    else:
+                        inputs[edge.name] = read_version(self.spark, uri, version,
+                                                         self.cfg.delta_storage_options or None)
+                        ranges[edge.name] = {"version": version}
+        ctx = EpochContext(e, self.generation, self.spark, self.pipeline, inputs,
+                           dict(self.state), active)
+        result = self.logic.process(ctx)
+
+        outputs: dict[str, dict[str, Any]] = {r: {} for r in self.regions}
+        for r in sorted(active):
+            if r in redo:  # its outputs of this epoch are live already
+                outputs[r] = dict(redo[r].outputs or {})
+                continue
+            committed: dict[str, int] = {}  # table -> version (edges may share a table)
+            for edge in self.pipeline.out_edges(r):
+                if edge.kind == "unlogged":
+                    continue
+                df = result.outputs.get(edge.name, result.outputs.get(edge.table))
+                if df is None and edge.table not in committed:
+                    raise RuntimeFailure(f"job {type(self.logic).__name__} produced nothing for "
+                                         f"edge {edge.name!r} of region {r!r} in epoch {e}")
+                if edge.kind == "delta":
+                    if edge.table not in committed:
+                        committed[edge.table] = (self._commit(r, edge, df, e) if self.persist
+                                                 else _materialize(df))
+                    outputs[r][edge.name] = {"table": edge.table,
+                                             "version": committed[edge.table]}
+                else:
+                    outputs[r][edge.name] = {"topic": edge.topic,
+                                             "records": produce(
+                                                 df, self.cfg.kafka_bootstrap, edge.topic,
+                                                 self._headers(r, e))}
+        rows = []
+        for r in sorted(active):
+            spec = self.pipeline.regions[r]
+            status, state_ref = "committed", None
+            if spec.keeps_state:
+                self.state[r] = result.state.get(r, self.state.get(r))
+                due = spec.regime == "eager" or (e + 1) % (spec.checkpoint_every or 1) == 0
+                if due and self.persist and not (r in redo and redo[r].status == "checkpointed"):
+                    state_ref = self._checkpoint(r, e)
+                    status = "checkpointed"
+            if r in redo and state_ref is None:  # nothing new to say about this epoch
+                self.done[r] = e
+                continue
+            mine = {k: v for k, v in ranges.items()
+                    if self.pipeline.edges[k].dst == r}
+            rows.append(EpochRecord(self.pipeline.name, r, self._time(r, e), self.generation,
+                                    status, inputs=mine or None, outputs=outputs[r] or None,
+                                    state_ref=state_ref, note=f"pid {os.getpid()}"))
+            self.done[r] = e
+        if self.persist:
+            self._check_fence(e)
+            self.log.record(*rows)
+        self.logic.finish_epoch(ctx)
+        for name, (_, end) in ((k, v) for k, v in where.items() if k in self.positions):
+            self.positions[name] = end
+        seconds = time.monotonic() - started
+        counts = {k: sum(Offsets(v["to"]).get(p) - Offsets(v["from"]).get(p)
+                         for p in Offsets(v["to"]).as_dict())
+                  for k, v in ranges.items() if "to" in v}
+        self.timings.append((e, seconds, time.time(), counts))
+        log.info("epoch %d done by %s in %.1f s", e, "+".join(sorted(active)), seconds)
+
+    def _check_fence(self, e: int) -> None:
+        """Refuse to record epoch ``e`` once a rollback fenced one of our regions: it is
+        stopping this job and plans from the log as it is, so a row recorded now could
+        say ``committed`` over data its restore removes."""
+        newer = self.log.fenced(self.pipeline.name, self.regions, self.generation)
+        if newer is not None:
+            raise RuntimeFailure(
+                f"pipeline {self.pipeline.name!r}, job {'+'.join(self.regions)} (generation "
+                f"{self.generation}): a rollback to generation {newer} fenced it; epoch {e} "
+                "is not recorded")
+
+    def _headers(self, region: str, e: int) -> dict[str, str]:
+        from falkirk.io.kafka import EPOCH_HEADER, GENERATION_HEADER, REGION_HEADER
+
+        return {GENERATION_HEADER: str(self.generation), EPOCH_HEADER: str(e),
+                REGION_HEADER: region}
+
+    def _time(self, region: str, e: int) -> Any:
+        return time_of(self.pipeline.regions[region].domain, e)
+
+    def _commit(self, region: str, edge: EdgeSpec, df: Any, e: int) -> int:
+        w = self.writer(region, edge)
+        result = w.write_epoch(df, e)
+        if result is not None:
+            return result.version
+        version = w.version_of(e)  # committed before a crash, in this generation
+        if version is None:
+            raise RuntimeFailure(f"{edge.table}: epoch {e} marked committed but not found")
+        return version
+
+    def _checkpoint(self, region: str, e: int) -> str:
+        frame = self.logic.state_to_frame(region, self.state[region])
+        self.checkpoint_store(region).save_frame(e, frame, self.state_frames.get(region))
+        self.state_frames[region] = frame
+        return f"checkpoint:{e}"
+
+    def close(self) -> None:
+        for cut in self.cuts.values():
+            cut.close()
+
+
+def _materialize(df: Any) -> int:
+    """Compute a DataFrame without keeping it (what a write costs, minus the write)."""
+    df.write.format("noop").mode("overwrite").save()
+    return -1
+
+
+class CompositeJob(JobLogic):
+    """Several jobs' logics in one process, in dataflow order.
+
+    Tables one part writes and a later part reads are handed over in memory (the epoch's
+    output, accumulated over epochs, cut at ``e - delay``), so a whole pipeline runs as one
+    Spark application: what the benchmarks compare with and without persistence.
+    """
+
+    def __init__(self, pipeline: Pipeline, parts: list[JobLogic]):
+        self.pipeline = pipeline
+        self.parts = parts
+        self.regions = tuple(r for part in parts for r in part.regions)
+        self.memory: dict[str, Any] = {}  # table -> every epoch's output so far
+
+    def initial_state(self, region: str, spark: Any) -> Any:
+        return self._owner(region).initial_state(region, spark)
+
+    def _owner(self, region: str) -> JobLogic:
+        return next(p for p in self.parts if region in p.regions)
+
+    def state_schema(self, region: str) -> pa.Schema:
+        return self._owner(region).state_schema(region)
+
+    def state_to_frame(self, region: str, state: Any) -> Any:
+        return self._owner(region).state_to_frame(region, state)
+
+    def state_from_frame(self, region: str, frame: Any, spark: Any) -> Any:
+        return self._owner(region).state_from_frame(region, frame, spark)
+
+    def process(self, ctx: EpochContext) -> EpochResult:
+        from pyspark.sql import functions as F
+
+        result = EpochResult()
+        state = dict(ctx.state)
+        for part in self.parts:
+            inputs = dict(ctx.inputs)
+            for r in part.regions:
+                for edge in self.pipeline.in_edges(r):
+                    if edge.kind == "delta" and edge.src in self.regions:
+                        held = self.memory.get(edge.table)
+                        if held is None:
+                            held = ctx.spark.createDataFrame(
+                                [], _empty_schema(self.pipeline, edge))
+                        inputs[edge.name] = held.filter(F.col("epoch") <= ctx.epoch - edge.delay)
+            sub = EpochContext(ctx.epoch, ctx.generation, ctx.spark, ctx.pipeline, inputs,
+                               state, ctx.active)
+            out = part.process(sub)
+            for name, df in out.outputs.items():
+                edge = self.pipeline.edges.get(name)
+                if edge is not None and edge.kind == "delta":
+                    df = df.localCheckpoint()
+                    held = self.memory.get(edge.table)
+                    self.memory[edge.table] = df if held is None else held.unionByName(df)
+                result.outputs[name] = df
+            state.update(out.state)
+            result.state.update(out.state)
+        return result
+
+    def finish_epoch(self, ctx: EpochContext) -> None:
+        for part in self.parts:
+            part.finish_epoch(ctx)
+
+
+def name_spark_jobs(spark: Any, pipeline: str, regions: set[str] | list[str], epoch: int,
+                    generation: int) -> str:
+    """Name the Spark jobs that follow (the epoch's reads, transforms, writes, commits) by
+    pipeline, regions, epoch and generation: the Spark UI, its REST API and the event log
+    then show the same split as falkirk's own timings. Returns the job group id."""
+    hosted = "+".join(sorted(regions))
+    group = f"falkirk/{pipeline}/{hosted}/e{epoch}/g{generation}"
+    spark.sparkContext.setJobGroup(
+        group, f"falkirk {pipeline}: {hosted} epoch {epoch} (generation {generation})")
+    return group
+
+
+def load_job(job: str | Path) -> ModuleType:
+    """A job entry point (``jobs/<name>.py``, relative to the checkout, or a path from
+    ``Pipeline.job_path``) as a module: jobs are scripts, not a package."""
+    import importlib.util
+
+    from falkirk.config import REPO_ROOT
+
+    path = REPO_ROOT / job
+    name = f"falkirk_job_{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise RuntimeFailure(f"cannot load job {job} from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def job_logic(job: str) -> JobLogic:
+    """The JobLogic a job entry point defines, instantiated."""
+    module = load_job(job)
+    found = [v for v in vars(module).values() if isinstance(v, type)
+             and issubclass(v, JobLogic) and v.__module__ == module.__name__]
+    if len(found) != 1:
+        raise RuntimeFailure(f"job {job} must define exactly one JobLogic, found {len(found)}")
+    return found[0]()
+
+
+def record_ddl(topic: str, roots: tuple[Path, ...] = ()) -> str | None:
+    """The value schema of a topic's records, from schemas/records/<topic>.json if any."""
+    if find("records", topic, roots) is None:
+        return None
+    return ddl("records", topic, roots)
+
+
+def _empty_schema(pipeline: Pipeline, edge: EdgeSpec):
+    """The Spark schema of a Delta edge's table, for the empty input before its first epoch."""
+    return _spark_schema(arrow_schema("tables", edge.table_schema, pipeline.schema_roots))
+
+
+def _spark_schema(schema: pa.Schema):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+# ---- the entry point of every job -------------------------------------------------------
+
+
+def parser(logic: JobLogic) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=type(logic).__name__,
+        description=f"Run region(s) {', '.join(logic.regions)} epoch by epoch.")
+    p.add_argument("--pipeline", default="reference",
+                   help="declared pipeline name or declaration file (default: reference)")
+    p.add_argument("--until-epoch", type=int,
+                   help="stop after this epoch (default: run until the input ends)")
+    p.add_argument("--epoch", type=int,
+                   help="run exactly this epoch (a batch region's run for one data interval)")
+    p.add_argument("--idle-timeout", type=float,
+                   help="fail when the next epoch is not complete after this many seconds")
+    p.add_argument("--poll", type=float, default=0.5, help="seconds between input checks")
+    return p
+
+
+def main(logic: JobLogic, argv: list[str] | None = None) -> int:
+    """Run a job: ``spark-submit jobs/<job>.py --pipeline reference [--until-epoch N]``."""
+    from falkirk.io.spark import session
+    from falkirk.model.topology import load_pipeline
+
+    args = parser(logic).parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    runs: tuple[EpochLog, str, str, int] | None = None  # where this run's end is recorded
+    last: int | None = None
+    try:
+        pipeline = load_pipeline(args.pipeline)
+        spark = session(f"falkirk-{pipeline.name}-{'+'.join(logic.regions)}")
+        start = None
+        until = args.until_epoch
+        if args.epoch is not None:
+            start = {r: args.epoch - 1 for r in logic.regions}
+            until = args.epoch
+        runner = JobRunner(pipeline, logic, spark, start=start)
+        job = pipeline.regions[logic.regions[0]].job or type(logic).__name__
+        runs = (runner.log, pipeline.name, job, runner.generation)
+        runner.log.record_job_run(pipeline.name, job, logic.regions, runner.generation,
+                                  "started")
+        try:
+            last = runner.run(until_epoch=until, poll_s=args.poll,
+                              idle_timeout_s=args.idle_timeout)
+        finally:
+            runner.close()
+        log.info("%s: done through epoch %d", "+".join(logic.regions), last)
+        code, message = 0, None
+    except FalkirkError as exc:
+        log.error("%s", exc)
+        code, message = 2, str(exc)
+    except Exception as exc:  # a bug: say so in the log of runs too, then fail
+        log.exception("%s failed", "+".join(logic.regions))
+        code, message = 1, f"{type(exc).__name__}: {exc}"
+    if runs is not None:  # the supervisor reads how the job ended from here
+        epoch_log, pipeline_name, job, generation = runs
+        epoch_log.record_job_run(pipeline_name, job, logic.regions, generation,
+                                 "finished" if code == 0 else "failed", exit_code=code,
+                                 last_epoch=last, message=(message or "")[:500] or None)
+    # Stop Spark, then exit hard: delta-rs can abort an interpreter at exit after all
+    # work is done (delta-io/delta-rs#2184), which would look like a failed job.
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,309 @@
+"""``falkirk chaos``: one long run of the reference pipeline under repeated faults.
+
+Where ``falkirk trials`` runs one kill per sandbox, the campaign keeps one pipeline running
+and keeps breaking it, at moments drawn from ``--seed``, until ``--minutes`` have passed:
+
+* ``job``: SIGKILL of a random job's process group at a random moment (mid-epoch, or
+  wherever it happens to be: in a commit, a checkpoint, a Kafka read);
+* ``rollback``: a job killed, then the rollback of its regions killed too, at one of the
+  rollback's own crash points (:mod:`falkirk.faults`: before it stops the jobs, after its
+  first table); the recovery resumes that rollback;
+* ``commit`` and ``checkpoint``: a job restarted by a recovery is armed with a crash point
+  (``writer:before-commit@N``, ``checkpoint:before-save@N``) and kills itself there;
+* ``broker``: the Apache Kafka broker SIGKILLed and started again on its ports (no job
+  needs to die: their broker questions are retried).
+
+Each death is recovered as the streams supervisor does (roll the dead jobs' regions back as
+failed, restart the dead and stopped jobs). Recovery time is from the kill to when every
+region the rollback moved has committed an epoch in the new generation (or ended). The
+Airflow scheduler is not among the targets: the campaign drives recovery itself, as the
+trials do. At the end the pipeline runs to the end of its input with no more faults and
+every output is compared with a failure-free run of the same input: tables and the latest
+answer per key (lost, duplicated), and every message on the output topics (re-sent in the
+same generation: a duplicate a consumer cannot tell; re-sent with another value).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from argparse import Namespace
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from falkirk.faults import ENV as CRASH_ENV
+from falkirk_dev.trials import _failed_jobs, died_by, input_of, job_regions
+
+TARGETS = ("job", "rollback", "commit", "checkpoint", "broker")
+ROLLBACK_POINTS = ("rollback:before-stop", "rollback:after-first-table")
+RECOVERY_TIMEOUT_S = 600.0
+POLL_S = 0.5
+
+
+def _stateful_jobs(run) -> list[str]:
+    return sorted(j for j in run.jobs if any(run.pipeline.regions[r].keeps_state
+                                             for r in job_regions(run.pipeline, j)))
+
+
+def _committed_in(run, regions: set[str], generation: int) -> set[str]:
+    """Regions with an epoch committed (or checkpointed) in ``generation``."""
+    out = set()
+    for r, rlog in run.log.regions(run.pipeline).items():
+        if r in regions and any(row.generation >= generation and row.status != "running"
+                                for row in rlog.entries.values()):
+            out.add(r)
+    return out
+
+
+def _ended(run, regions: set[str]) -> set[str]:
+    """Regions whose job exited 0 (its input ended)."""
+    return {r for job, proc in run.procs.items() if proc.poll() == 0
+            for r in job_regions(run.pipeline, job) if r in regions}
+
+
+def _all_done(run) -> bool:
+    return bool(run.procs) and all(p.poll() == 0 for p in run.procs.values())
+
+
+class Campaign:
+    """The campaign's state: the run, the random draws, what happened."""
+
+    def __init__(self, run, broker, rng: random.Random, say: Callable[[str], None]):
+        self.run, self.broker, self.rng = run, broker, rng
+        self.say = say
+        self.kills: list[dict[str, Any]] = []
+        self.rollbacks = 0
+        self.stuck = 0
+        self.armed: dict[str, str] = {}  # job -> the crash point it was restarted with
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def strike(self) -> None:
+        """Wait a random moment, then break something (the target drawn from the seed)."""
+        deadline = time.monotonic() + self.rng.uniform(1.0, 8.0)
+        while time.monotonic() < deadline:
+            if _failed_jobs(self.run) or _all_done(self.run):
+                return  # something died by itself meanwhile (an armed crash point)
+            time.sleep(POLL_S)
+        running = sorted(j for j, p in self.run.procs.items() if p.poll() is None)
+        target = self.rng.choice(TARGETS)
+        if target == "broker":
+            t = time.monotonic()
+            self.broker.restart(crash=True)
+            self.kills.append({"target": "broker", "at": t, "recovery_s": None})
+            self.say("broker SIGKILLed and started again")
+            self._wait_any_commit(t)
+            return
+        if not running:
+            return
+        job = self.rng.choice(running)
+        if target in ("commit", "checkpoint"):
+            self._arm(job, target)
+            return
+        self.run.kill(job)
+        self.kills.append({"target": target, "job": job, "at": time.monotonic()})
+        self.say(f"{job} SIGKILLed")
+
+    def _arm(self, job: str, target: str) -> None:
+        """Kill ``job`` and, after the recovery's rollback, restart it with a crash point:
+        it kills itself at its N-th commit or checkpoint."""
+        point = "writer:before-commit" if target == "commit" else "checkpoint:before-save"
+        if target == "checkpoint" and job not in _stateful_jobs(self.run):
+            job = self.rng.choice(_stateful_jobs(self.run))
+            if self.run.procs[job].poll() is not None:
+                return
+        armed = f"{point}@{self.rng.randint(1, 3)}"
+        self.run.kill(job)
+        self.kills.append({"target": f"restart for {target}", "job": job,
+                           "at": time.monotonic(), "counted": False})
+        self.recover(arm={job: armed})
+        self.say(f"{job} restarted armed with {armed}")
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def recover(self, arm: dict[str, str] | None = None) -> None:
+        """What the supervisor does after a death: roll back the dead jobs' regions as
+        failed, restart the dead and stopped jobs (those in ``arm`` with that crash point),
+        and time it to the next commit."""
+        dead = _failed_jobs(self.run)
+        if not dead:
+            return
+        t_kill = min((k["at"] for k in self.kills if "recovery_s" not in k),
+                     default=time.monotonic())
+        for job, code in dead.items():
+            point = self.armed.pop(job, None)
+            if point is not None:  # it killed itself: that is this kill
+                self.kills.append({"target": "commit" if "writer" in point else "checkpoint",
+                                   "job": job, "at": time.monotonic(), "point": point,
+                                   "died_by": died_by(code)})
+        failed = sorted({r for job in dead for r in job_regions(self.run.pipeline, job)})
+        pending = [k for k in self.kills if k.get("target") == "rollback"
+                   and "rollback_point" not in k]
+        if pending:
+            self._crash_a_rollback(failed, pending[-1])
+        plan = self.run.rollback(failed=failed, reason=f"chaos: {', '.join(sorted(dead))} died")
+        self.rollbacks += 1
+        restart = sorted(job for job, proc in self.run.procs.items()
+                         if proc.poll() is not None and (
+                             proc.returncode != 0
+                             or set(job_regions(self.run.pipeline, job)) & plan.affected))
+        arm = arm or {}
+        self.run.start([j for j in restart if j not in arm])
+        for job in restart:
+            if job in arm:
+                self.run.env[CRASH_ENV] = arm[job]
+                try:
+                    self.run.start([job])
+                finally:
+                    del self.run.env[CRASH_ENV]
+                self.armed[job] = arm[job]
+        self.say(f"rolled back {', '.join(failed)} (frontiers {plan.frontiers}); restarted "
+                 f"{', '.join(restart) or 'nothing'}")
+        recovered = self._wait_recovered(plan.affected, plan.generation)
+        for k in self.kills:
+            if "recovery_s" not in k:
+                k["recovery_s"] = (round(recovered - t_kill, 2)
+                                   if recovered is not None else None)
+
+    def _crash_a_rollback(self, failed: list[str], kill: dict[str, Any]) -> None:
+        point = self.rng.choice(ROLLBACK_POINTS)
+        kill["rollback_point"] = point
+        run = self.run
+        crashed = subprocess.run(
+            [sys.executable, "-m", "falkirk.cli", "rollback", "--pipeline",
+             run.pipeline.source or run.pipeline.name, "--failed", ",".join(failed),
+             "--reason", "chaos: crash me"],
+            env={**os.environ, **run.env, CRASH_ENV: point},
+            capture_output=True, text=True, timeout=600)
+        kill["rollback_died_by"] = died_by(crashed.returncode)
+        if crashed.returncode == -signal.SIGKILL:
+            self.kills.append({"target": "rollback executor", "point": point,
+                               "at": time.monotonic()})
+            self.say(f"the rollback of {', '.join(failed)} SIGKILLed at {point}")
+        # The crashed rollback may have stopped (killed) jobs: the recovery restarts them.
+
+    def _wait_recovered(self, affected: set[str], generation: int) -> float | None:
+        """When every affected region committed in ``generation`` or ended; None if a job
+        died first (the next recovery handles it) or nothing happened for too long."""
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            back = _committed_in(self.run, affected, generation) | _ended(self.run, affected)
+            if back >= affected:
+                return time.monotonic()
+            if _failed_jobs(self.run):
+                return None
+            time.sleep(POLL_S)
+        self.stuck += 1
+        self.say(f"[red]stuck: {sorted(affected)} did not commit within "
+                 f"{RECOVERY_TIMEOUT_S:.0f} s")
+        return None
+
+    def _wait_any_commit(self, t_kill: float) -> None:
+        before = len(self.run.log.records(self.run.pipeline.name))
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if (len(self.run.log.records(self.run.pipeline.name)) > before
+                    or _all_done(self.run) or _failed_jobs(self.run)):
+                self.kills[-1]["recovery_s"] = round(time.monotonic() - t_kill, 2)
+                return
+            time.sleep(POLL_S)
+        self.stuck += 1
+
+
+def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
+             say: Callable[[str], None]) -> dict[str, Any]:
+    """Run the campaign; its figures (see the module docstring)."""
+    from falkirk.local.broker import LocalBroker
+    from falkirk_dev.harness import LocalRun, compare
+
+    t0 = time.monotonic()
+    last = data["epochs"] - 1
+    with LocalRun(workdir / "golden") as run:
+        run.generate(**data)
+        run.start(until_epoch=last)
+        codes = run.wait(timeout_s=3600)
+        if set(codes.values()) != {0}:
+            raise RuntimeError(f"the failure-free run failed: {codes}")
+        golden = run.outputs()
+    say(f"failure-free run done in {time.monotonic() - t0:.0f} s")
+    shutil.rmtree(workdir / "golden", ignore_errors=True)
+
+    rng = random.Random(seed)
+    t_start = time.monotonic()
+    with LocalBroker(workdir / "chaos" / "broker") as broker, \
+            LocalRun(workdir / "chaos", broker=broker) as run:
+        run.generate(**data)
+        run.start(until_epoch=last)
+        c = Campaign(run, broker, rng, say)
+        end = t_start + minutes * 60
+        while time.monotonic() < end and not _all_done(run):
+            if _failed_jobs(run):
+                c.recover()
+            else:
+                c.strike()
+        say("no more faults: running to the end of the input")
+        while not _all_done(run):  # a death between the last strike and now
+            if _failed_jobs(run):
+                c.recover()
+                continue
+            if time.monotonic() > end + 3600:
+                c.stuck += 1
+                break
+            time.sleep(POLL_S)
+        minutes_run = (time.monotonic() - t_start) / 60
+        report = compare(golden, run.outputs())
+        sent = run.sent()
+    counted = [k for k in c.kills if k.get("counted", True)]
+    recoveries = sorted(k["recovery_s"] for k in counted if k.get("recovery_s") is not None)
+    by_target: dict[str, int] = {}
+    for k in counted:
+        by_target[k["target"]] = by_target.get(k["target"], 0) + 1
+    return {
+        "kills": len(counted), "kills_by_target": by_target, "rollbacks": c.rollbacks,
+        "lost": sum(v["lost"] for v in report.values()),
+        "duplicated": sum(v["duplicated"] for v in report.values())
+                      + sum(t["resent_same_generation"] for t in sent.values()),
+        "changed_on_resend": sum(t["changed"] for t in sent.values()),
+        "stuck": c.stuck,
+        "recovery_s_p50": statistics.median(recoveries) if recoveries else None,
+        "recovery_s_p95": (recoveries[min(len(recoveries) - 1,
+                                          int(0.95 * len(recoveries)))]
+                           if recoveries else None),
+        "minutes": round(minutes_run, 1), "seed": seed, "input": data,
+        "outputs_differ": sorted(k for k, v in report.items() if v["lost"] or v["duplicated"]),
+        "sent": sent, "events": c.kills,
+    }
+
+
+def main(args: Namespace) -> int:
+    """Run a campaign; 0 when nothing was lost, duplicated or stuck."""
+    from rich.console import Console
+
+    console = Console()
+    data = input_of(int(args.events), int(args.epochs))
+    given = getattr(args, "workdir", None)
+    workdir = Path(given) if given else Path(tempfile.mkdtemp(prefix="falkirk-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    console.print(f"[bold]fault campaign[/]: {args.minutes} min, seed {args.seed}, input "
+                  f"{json.dumps(data)}; sandboxes under {workdir}")
+    t0 = time.monotonic()
+    result = campaign(workdir, float(args.minutes), int(args.seed), data,
+                      lambda m: console.log(f"[{(time.monotonic() - t0) / 60:5.1f} min] {m}"))
+    summary = {k: v for k, v in result.items() if k not in ("sent", "events")}
+    console.print_json(json.dumps(summary))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        console.print(f"written: {args.json}")
+    ok = result["lost"] == result["duplicated"] == result["stuck"] == 0
+    return 0 if ok else 1
+

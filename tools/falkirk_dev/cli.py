@@ -1,0 +1,117 @@
+"""The dev commands of ``falkirk`` (demo, generate, trials, chaos, bench).
+
+They drive the reference pipeline and the sandboxes of the test harness, so they ship with
+the checkout, not with the framework's wheel; ``falkirk.cli`` adds them when this package
+can be imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from falkirk.cli import _pipeline
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Seeded input for a pipeline, cut into the pipeline's epochs, produced to its topics."""
+    from falkirk_dev import generate
+    pipeline = _pipeline(args.pipeline)
+    s = pipeline.settings
+    if args.origin is None:
+        args.origin = s.get("origin_ms")
+    if args.epoch_seconds is None:
+        args.epoch_seconds = s.get("epoch_seconds", 10)
+    return generate.cli(args)
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from falkirk_dev import demo
+    return demo.main(args)
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from falkirk_dev import chaos
+    return chaos.main(args)
+
+def cmd_trials(args: argparse.Namespace) -> int:
+    from falkirk_dev import trials
+    return trials.main(args)
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    module, takes_args = BENCHES[args.what]
+    bench = importlib.import_module(f"falkirk_dev.bench.{module}")
+    bench.main(args) if takes_args else bench.main()
+    return 0
+
+# benchmark -> (module in falkirk_dev.bench, whether its main takes the parsed arguments)
+BENCHES = {
+    "solver": ("solver_bench", True),
+    "kafka": ("kafka_bench", False),
+    "delta": ("delta_bench", False),
+    "checkpoints": ("checkpoint_bench", False),
+    "rework": ("rework_bench", True),
+    "regimes": ("regimes_bench", True),
+    "all": ("all_bench", True),
+}
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the reference pipeline with a failure, a rollback and a "
+                                    "report (var/demo/report.html)")
+    p.add_argument("--root", help="where the demo's sandboxes and report go (default var/demo)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("generate", help="seeded, deterministic input for the reference pipeline")
+    p.add_argument("--pipeline", help="declared pipeline (default: the only one declared)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--events", type=int, default=10_000)
+    p.add_argument("--queries", type=int, default=1_000)
+    p.add_argument("--users", type=int, default=500)
+    p.add_argument("--items", type=int, default=200)
+    p.add_argument("--categories", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=10, help="epochs the event times span")
+    p.add_argument("--epoch-seconds", type=float, help="default: the pipeline's setting")
+    p.add_argument("--origin", help="ISO time or ms (default: the pipeline's setting)")
+    p.add_argument("--malformed", type=float, default=0.01, help="fraction of bad records")
+    p.add_argument("--late", type=float, default=0.01, help="fraction of late records")
+    p.add_argument("--rate", type=float, help="records/s (default: one bounded burst)")
+    p.add_argument("--bootstrap", help="broker (default: the config's; '-' = only summarise)")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("trials", help="fault-injection trials: kill a random region at a "
+                       "random phase, recover, compare with a failure-free run")
+    p.add_argument("-n", "--trials", type=int, default=5, help="how many trials (default 5)")
+    p.add_argument("--seed", type=int, default=1, help="picks regions and phases")
+    p.add_argument("--events", type=int, default=1500, help="events of input per run")
+    p.add_argument("--epochs", type=int, default=5, help="epochs of input per run")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    p.set_defaults(func=cmd_trials)
+
+    p = sub.add_parser("chaos", help="fault campaign: one long run, killing jobs, rollbacks "
+                       "and the broker at random moments; compare with a failure-free run")
+    p.add_argument("--minutes", type=float, default=60, help="how long to keep breaking "
+                   "things (default 60)")
+    p.add_argument("--seed", type=int, default=1, help="draws the targets and moments")
+    p.add_argument("--events", type=int, default=60000, help="events of input")
+    p.add_argument("--epochs", type=int, default=120, help="epochs of input")
+    p.add_argument("--workdir", help="where the sandboxes go (default: a new temp folder)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON here")
+    p.set_defaults(func=cmd_chaos)
+
+    p = sub.add_parser("bench", help="print performance figures")
+    p.add_argument("what", choices=list(BENCHES), help="which benchmark")
+    p.add_argument("--regions", type=int, default=10_000, help="solver: regions")
+    p.add_argument("--edges", type=int, default=30_000, help="solver: edges")
+    p.add_argument("--frontiers", type=int, default=50, help="solver: frontiers per region")
+    p.add_argument("--seed", type=int, default=7, help="solver: random graph seed")
+    p.add_argument("--epochs", type=int, default=9, help="rework: epochs of input")
+    p.add_argument("--kill-epoch", type=int, default=7, help="rework: kill communities in it")
+    p.add_argument("--events", type=int,
+                   help="rework, regimes: events of input (defaults 3,000 and 20,000)")
+    p.add_argument("--rounds", type=int, default=2, help="regimes: rounds of each variant")
+    p.add_argument("--latency-events", type=int, default=3000, help="regimes: live events")
+    p.add_argument("--latency-epochs", type=int, default=6, help="regimes: live epochs")
+    p.add_argument("--quick", action="store_true", help="all: small inputs (a smoke run)")
+    p.add_argument("--out", help="all: where to write the JSON (default var/bench/<commit>.json)")
+    p.set_defaults(func=cmd_bench)
+

@@ -1,0 +1,1188 @@
+"""The demo: the reference pipeline with a failure and a rollback, and a report.
+
+Two modes, on the same seeded input; both write ``var/demo/report.html`` (the region
+graph coloured by regime with each region's chosen frontier, the rollback plan that ran,
+input records per second per epoch, and the comparison with a failure-free run: rows
+lost, rows duplicated).
+
+``--airflow`` (the default, what ``bin/demo`` runs): a failure-free run (or its cached
+outputs, when the input and the code are the same), then the pipeline driven by a real
+local Airflow (``bin/airflow``) on a sandbox with its own broker, lake and Airflow home:
+the streams supervisor DAG starts the stream jobs and the batch DAG runs popularity once
+per epoch; the demo kills the communities job with SIGKILL in the middle of an epoch and
+waits for the supervisor to notice, roll back and restart it; once every epoch is done it
+runs the data checks and adds their summary to the report, then prints where the report
+and the Airflow UI are.
+
+``--direct``: the same failure and recovery without Airflow: the rollback executor is
+called by the demo itself (falkirk_dev.harness.LocalRun).
+
+Run it as ``bin/demo`` (Airflow) or ``python -m falkirk_dev.demo --direct``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import html
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from argparse import Namespace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from falkirk.config import REPO_ROOT
+from falkirk.errors import FalkirkError
+
+DEMO_INPUT = {"events": 3000, "queries": 300, "epochs": 6, "seed": 21}
+KILL_EPOCH = 3  # communities (lazy, checkpoint every 3 epochs) is killed in the middle of it
+SUPERVISOR, BATCH = "falkirk_streams_supervisor", "falkirk_batch_popularity"
+KILLED_REGION = "communities"
+AIRFLOW_USER = "admin"  # bin/airflow's SimpleAuthManager user; its password is generated
+TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
+
+
+
+def airflow_password(home: Path) -> str:
+    """The admin password bin/airflow generated for this Airflow home (passwords.json)."""
+    path = Path(home) / "passwords.json"
+    try:
+        return json.loads(path.read_text())[AIRFLOW_USER]
+    except (OSError, ValueError, KeyError) as exc:
+        raise DemoError(f"no admin password in {path} ({exc}): start Airflow with "
+                        "bin/airflow start") from None
+
+class DemoError(FalkirkError):
+    """The demo could not go on; the message says where to look."""
+
+
+# ---- the report ------------------------------------------------------------------------
+
+
+def throughput_per_epoch(run) -> dict[str, list[tuple[int, float]]]:
+    """Per region: (epoch, records read per second) from the epoch log's rows."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    started: dict[tuple[str, str], object] = {}
+    for r in run.log.records(run.pipeline.name):
+        key = (r.region, json.dumps(r.time))
+        if r.status == "running":
+            started[key] = r.recorded_at
+        elif r.status in ("committed", "checkpointed") and key in started:
+            seconds = (r.recorded_at - started[key]).total_seconds()
+            records = sum(sum(v["to"].values()) - sum(v["from"].values())
+                          for v in (r.inputs or {}).values() if "to" in v)
+            if records and seconds > 0:
+                out.setdefault(r.region, []).append((r.epoch, records / seconds))
+    return out
+
+
+def throughput_svg(series: dict[str, list[tuple[int, float]]], title: str) -> str:
+    """A small line chart in plain SVG: records/s per epoch, one line per region."""
+    colours = ["#2563eb", "#d97706", "#059669", "#7c3aed", "#dc2626"]
+    points = [p for s in series.values() for p in s]
+    if not points:
+        return "<p>no epoch read input records</p>"
+    w, h, m = 560, 240, 48
+    max_e = max(e for e, _ in points) or 1
+    max_v = max(v for _, v in points) or 1.0
+
+    def xy(e: int, v: float) -> tuple[float, float]:
+        return m + (w - 2 * m) * e / max_e, h - m - (h - 2 * m) * v / max_v
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+             f'font-family="sans-serif" font-size="11">',
+             f'<text x="{m}" y="16" font-size="13">{html.escape(title)}</text>',
+             f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="#333"/>',
+             f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="#333"/>',
+             f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">epoch</text>',
+             f'<text x="{m - 4}" y="{m}" text-anchor="end">{max_v:,.0f}</text>',
+             f'<text x="{m - 4}" y="{h - m}" text-anchor="end">0</text>']
+    for e in range(max_e + 1):
+        x, _ = xy(e, 0)
+        parts.append(f'<text x="{x}" y="{h - m + 14}" text-anchor="middle">{e}</text>')
+    for i, (region, pts) in enumerate(sorted(series.items())):
+        c = colours[i % len(colours)]
+        line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(e, v) for e, v in sorted(pts)))
+        parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{line}"/>')
+        for x, y in (xy(e, v) for e, v in pts):
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{c}"/>')
+        parts.append(f'<text x="{w - m + 4}" y="{m + 14 * i}" fill="{c}">'
+                     f'{html.escape(region)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def progress_over_time(run) -> tuple[dict[str, list[tuple[float, int]]], Any]:
+    """Per region: (seconds since the first epoch started, epochs done) at each change, from
+    the epoch log: a commit moves a region on, a rollback's invalidations take it back."""
+    records = run.log.records(run.pipeline.name)
+    if not records:
+        return {}, None
+    t0 = records[0].recorded_at
+    done: dict[str, dict[int, bool]] = {}
+    out: dict[str, list[tuple[float, int]]] = {}
+    for r in records:
+        epochs = done.setdefault(r.region, {})
+        if r.status in ("committed", "checkpointed"):
+            epochs[r.epoch] = True
+        elif r.status in ("invalidated", "quarantined"):
+            epochs.pop(r.epoch, None)
+        else:
+            continue
+        n = 0
+        while epochs.get(n):
+            n += 1
+        series = out.setdefault(r.region, [(0.0, 0)])
+        if series[-1][1] != n:
+            series.append(((r.recorded_at - t0).total_seconds(), n))
+    return out, t0
+
+
+def progress_svg(series: dict[str, list[tuple[float, int]]], epochs: int,
+                 marks: list[tuple[float, str]], title: str) -> str:
+    """Epochs done per region over time (a step line each), with vertical marks."""
+    colours = {"ingest": "#2563eb", "popularity": "#d97706", "communities": "#059669",
+               "serve": "#7c3aed", "stats": "#dc2626"}
+    if not series:
+        return "<p>no epoch was committed</p>"
+    w, h, m, right = 640, 260, 48, 110
+    end = max([t for s in series.values() for t, _ in s] + [t for t, _ in marks]) or 1.0
+
+    def xy(t: float, n: float) -> tuple[float, float]:
+        return m + (w - m - right) * t / end, h - m - (h - 2 * m) * n / epochs
+
+    e = html.escape
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+             f'font-family="sans-serif" font-size="11">',
+             f'<text x="{m}" y="16" font-size="13">{e(title)}</text>',
+             f'<line x1="{m}" y1="{h - m}" x2="{w - right}" y2="{h - m}" stroke="#333"/>',
+             f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="#333"/>',
+             f'<text x="{(w - right + m) / 2}" y="{h - 12}" text-anchor="middle">seconds '
+             f'since the first epoch started</text>']
+    for n in range(epochs + 1):
+        _, y = xy(0, n)
+        parts.append(f'<text x="{m - 6}" y="{y + 4:.1f}" text-anchor="end">{n}</text>')
+    step = max(60, round(end / 6 / 60) * 60)
+    for t in range(0, int(end) + 1, step):
+        x, _ = xy(t, 0)
+        parts.append(f'<text x="{x:.1f}" y="{h - m + 14}" text-anchor="middle">{t}</text>')
+    for t, label in marks:
+        x, _ = xy(t, 0)
+        parts.append(f'<line x1="{x:.1f}" y1="{m - 6}" x2="{x:.1f}" y2="{h - m}" '
+                     f'stroke="#dc2626" stroke-dasharray="4 3"/>'
+                     f'<text x="{x + 3:.1f}" y="{m - 8}" fill="#dc2626">{e(label)}</text>')
+    parts.append(f'<text x="{m - 30}" y="{m - 12}">epochs done</text>')
+    same: dict[str, list[str]] = {}  # regions of one job move together: one line, one label
+    for region, pts in series.items():
+        twin = next((k for k in same if [(round(t), n) for t, n in series[k]]
+                     == [(round(t), n) for t, n in pts]), None)
+        same.setdefault(twin or region, []).extend([] if twin is None else [region])
+    for i, (region, pts) in enumerate((k, series[k]) for k in same):
+        c = colours.get(region, "#475569")
+        steps = []
+        for j, (t, n) in enumerate(pts):
+            if j:
+                steps.append(xy(t, pts[j - 1][1]))
+            steps.append(xy(t, n))
+        steps.append(xy(end, pts[-1][1]))
+        line = " ".join(f"{x:.1f},{y:.1f}" for x, y in steps)
+        parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" '
+                     f'stroke-opacity="0.85" points="{line}"/>')
+        parts.append(f'<text x="{w - right + 8}" y="{m + 14 * i}" fill="{c}">'
+                     f'{e(", ".join([region, *same[region]]))}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def checks_summary(rows: list[dict]) -> list[dict]:
+    """The ``checks`` table per (region, epoch, generation): checks run, passed, failed
+    (the latest result of each check counts), the failing checks' names."""
+    latest: dict[tuple[str, int, int], dict[str, bool]] = {}
+    tables: dict[tuple[str, int, int], set[str]] = {}
+    for r in rows:
+        key = (r["region"], r["epoch"], r["generation"])
+        latest.setdefault(key, {})[r["check"]] = r["success"]
+        tables.setdefault(key, set()).add(r["table"])
+    out = []
+    for (region, epoch, generation), checks in sorted(latest.items()):
+        failed = sorted(c for c, ok in checks.items() if not ok)
+        out.append({"region": region, "epoch": epoch, "generation": generation,
+                    "tables": sorted(tables[(region, epoch, generation)]),
+                    "checks": len(checks), "passed": len(checks) - len(failed),
+                    "failed": failed})
+    return out
+
+
+def _checks_html(checks: dict | None) -> str:
+    e = html.escape
+    if checks is None:
+        return ""
+    rows = checks["summary"]
+    total = sum(r["checks"] for r in rows)
+    bad = [r for r in rows if r["failed"]]
+    body = "".join(
+        f"<tr><td>{e(r['region'])}</td><td>{r['epoch']}</td><td>{r['generation']}</td>"
+        f"<td>{e(', '.join(r['tables']))}</td><td>{r['checks']}</td>"
+        f"<td class='{'bad' if r['failed'] else 'ok'}'>"
+        f"{'passed' if not r['failed'] else 'failed: ' + e('; '.join(r['failed'][:4]))}"
+        f"</td></tr>" for r in rows)
+    docs = checks.get("data_docs")
+    docs_line = (f"<p>GX Data Docs: <a href='{e(Path(docs).as_uri())}'><code>{e(docs)}</code>"
+                 f"</a></p>" if docs else "<p>GX Data Docs: none built.</p>")
+    verdict = (f"<p class='ok'><b>{len(rows)} region epochs, {total} checks, all passed.</b></p>"
+               if not bad else f"<p class='bad'><b>{len(bad)} region epoch(s) failed their "
+               f"checks (quarantined).</b></p>")
+    return (f"<h2>Data checks</h2>{verdict}<p>{e(checks['how'])}</p>"
+            f"<table><tr><th>region</th><th>epoch</th><th>generation</th><th>tables</th>"
+            f"<th>checks</th><th>result</th></tr>{body}</table>{docs_line}")
+
+
+def _airflow_html(af: dict | None) -> str:
+    if af is None:
+        return ""
+    e = html.escape
+    items = "".join(f"<li>{x}</li>" for x in af["events"])
+    runs = "".join(
+        f"<tr><td>{e(r['dag_id'])}</td><td><a href='{e(r['url'])}'>{e(r['run_id'])}</a></td>"
+        f"<td>{e(r['state'] or '')}</td><td>{e(r['tasks'])}</td></tr>" for r in af["runs"])
+    notes = "".join(f"<li>{e(n)}</li>" for n in af["notes"])
+    return (f"<h2>Driven by Airflow</h2><p>Airflow {e(af['version'])} at "
+            f"<a href='{e(af['url'])}'>{e(af['url'])}</a> (login admin, password in "
+            f"<code>{e(af['home'])}/passwords.json</code>), "
+            f"<code>AIRFLOW_HOME={e(af['home'])}</code>.</p><ol>{items}</ol>"
+            f"<table><tr><th>DAG</th><th>run</th><th>state</th><th>tasks</th></tr>{runs}"
+            f"</table>" + (f"<h3>Notes</h3><ul>{notes}</ul>" if notes else ""))
+
+
+def report_html(pipeline, plan: dict, comparison: dict, series: dict, timings: dict,
+                golden_note: str = "", airflow: dict | None = None,
+                checks: dict | None = None, progress: str = "",
+                sent: dict | None = None) -> str:
+    from falkirk.airflow.render import plan_html
+
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{e(name)}</td><td>{v['rows']}</td><td>{v['lost']}</td>"
+        f"<td>{v['duplicated']}</td></tr>" for name, v in comparison.items())
+    lost = sum(v["lost"] for v in comparison.values())
+    dup = sum(v["duplicated"] for v in comparison.values())
+    verdict = ("every output equals the failure-free run" if lost == dup == 0
+               else f"{lost} row(s) lost, {dup} duplicated")
+    times = "".join(f"<li>{e(k)}: {v:.0f} s</li>" for k, v in timings.items())
+    if airflow is None:
+        intro = ("The communities job (lazy checkpoint) was killed with SIGKILL in the middle "
+                 "of an epoch; the rollback executor, called by the demo, solved the "
+                 "consistent frontier from the epoch log, restored, and the stopped jobs "
+                 "restarted from their frontiers.")
+    else:
+        intro = ("The pipeline ran under Airflow: the streams supervisor DAG started the "
+                 "stream jobs, the batch DAG ran popularity once per epoch. The demo killed "
+                 "the communities job (lazy checkpoint) with SIGKILL in the middle of an "
+                 "epoch; the supervisor's <code>watch</code> sensor saw it die, its "
+                 "<code>recover</code> task solved the consistent frontier from the epoch "
+                 "log, restored, and restarted the job from its frontier.")
+    return f"""<!doctype html><html><head><meta charset="utf-8">
+<title>falkirk demo: {e(pipeline.name)}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px}}
+.ok{{color:#059669}}.bad{{color:#dc2626}}code{{background:#f1f5f9}}</style></head><body>
+<h1>falkirk demo: the reference pipeline, a failure and a rollback</h1>
+<p>{intro}</p>
+<p class="{'ok' if lost == dup == 0 else 'bad'}"><b>Result: {e(verdict)}.</b></p>
+{_airflow_html(airflow)}
+<h2>The rollback plan that ran</h2>
+{plan_html(plan, pipeline)}
+<h2>Throughput per epoch (run with the failure)</h2>
+{throughput_svg(series, "input records per second per epoch (regions reading a topic)")}
+{progress}
+{_checks_html(checks)}
+<h2>Comparison with the failure-free run</h2>
+<p>{e(golden_note)}</p>
+<table><tr><th>output</th><th>rows</th><th>lost</th><th>duplicated</th></tr>{rows}</table>
+{_sent_html(sent)}
+<h2>Time</h2><ul>{times}</ul>
+</body></html>"""
+
+
+def _sent_html(sent: dict | None) -> str:
+    """Every message on the output topics: what a consumer that keeps all of them sees."""
+    if not sent:
+        return ""
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{e(topic)}</td><td>{v['messages']}</td><td>{v['keys']}</td>"
+        f"<td>{v['resent']}</td><td>{e(json.dumps(v['resent_by_generation']))}</td>"
+        f"<td>{v['resent_same_generation']}</td><td>{v['changed']}</td></tr>"
+        for topic, v in sent.items())
+    return ("<h3>Every message on the output topics</h3><p>The comparison above reads "
+            "topics as clients that keep the latest message per key. Here every message "
+            "counts: an epoch redone after the rollback sent its answers again, with the "
+            "new generation in the <code>falkirk-generation</code> header "
+            "(docs/outputs.md).</p><table><tr><th>topic</th><th>messages</th><th>keys</th>"
+            "<th>re-sent</th><th>re-sent by generation</th><th>re-sent, same generation</th>"
+            f"<th>re-sent with another value</th></tr>{rows}</table>")
+
+
+# ---- the failure-free run (the reference for the comparison) ---------------------------
+
+
+def fingerprint(inputs: dict) -> str:
+    """What the failure-free outputs depend on: the input options and the code and
+    declarations that compute them (jobs, the framework, schemas)."""
+    h = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode())
+    files = [*sorted((REPO_ROOT / "jobs").glob("*.py")),
+             *sorted((REPO_ROOT / "plugins" / "falkirk").rglob("*.py")),
+             *sorted((REPO_ROOT / "schemas").glob("[!e]*/*"))]  # not expectations/
+    for path in files:
+        if path.is_file():
+            h.update(path.relative_to(REPO_ROOT).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def golden_outputs(root: Path, console, fresh: bool) -> tuple[dict, str, float]:
+    """The failure-free run's outputs: cached in ``root/golden.json`` with the fingerprint
+    of the input and code that made them; run again when anything differs (or ``fresh``).
+    Returns (outputs, a sentence for the report, seconds spent)."""
+    from falkirk_dev.harness import LocalRun
+
+    cache = root / "golden.json"
+    key = fingerprint(DEMO_INPUT)
+    if not fresh and cache.exists():
+        try:
+            saved = json.loads(cache.read_text())
+        except json.JSONDecodeError:
+            saved = {}
+        if saved.get("fingerprint") == key:
+            console.log(f"failure-free run: reusing the outputs of {saved['made']} (same "
+                        f"input and code, fingerprint {key}; --fresh-golden runs it again)")
+            return saved["outputs"], (
+                f"The failure-free outputs come from a run made {saved['made']} in "
+                f"{saved['seconds']:.0f} s on the same seeded input {DEMO_INPUT} with the same "
+                f"code (fingerprint {key} over jobs/, plugins/falkirk/ and schemas/), reused "
+                f"from {cache}."), 0.0
+    t0 = time.monotonic()
+    shutil.rmtree(root / "failure-free", ignore_errors=True)
+    with LocalRun(root / "failure-free") as run, \
+            console.status("failure-free run: generating input, running the 4 Spark jobs…"):
+        run.generate(**DEMO_INPUT)
+        run.start(until_epoch=DEMO_INPUT["epochs"] - 1)
+        run.wait(progress=lambda m: console.log(f"failure-free run: {m}"))
+        outputs = run.outputs()
+    seconds = time.monotonic() - t0
+    made = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    # rows as JSON (compare() serialises values with default=str: the same strings)
+    outputs = json.loads(json.dumps(outputs, default=str))
+    cache.write_text(json.dumps({"fingerprint": key, "made": made, "seconds": seconds,
+                                 "input": DEMO_INPUT, "outputs": outputs}))
+    console.log(f"failure-free run done in {seconds:.0f} s (cached in {cache})")
+    return outputs, (f"The failure-free run ran now ({seconds:.0f} s, LocalRun, no Airflow) "
+                     f"on the same seeded input {DEMO_INPUT}."), seconds
+
+
+# ---- direct mode -----------------------------------------------------------------------
+
+
+def main_direct(args: Namespace, console) -> int:
+    from falkirk_dev.harness import LocalRun, compare
+
+    root = Path(getattr(args, "root", None) or REPO_ROOT / "var" / "demo")
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(root / "with-failure", ignore_errors=True)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    golden, golden_note, seconds = golden_outputs(root, console,
+                                                  getattr(args, "fresh_golden", True))
+    timings["failure-free run"] = seconds
+
+    t1 = time.monotonic()
+    with LocalRun(root / "with-failure") as run:
+        with console.status("run with a failure: generating input, starting the jobs…"):
+            run.generate(**DEMO_INPUT)
+            run.start(until_epoch=DEMO_INPUT["epochs"] - 1)
+        with console.status(f"waiting for communities to be in the middle of epoch "
+                            f"{KILL_EPOCH}…"):
+            run.wait_for(lambda: run.epoch_running(KILLED_REGION, KILL_EPOCH), timeout_s=900,
+                         what=f"communities mid epoch {KILL_EPOCH}")
+        run.kill(run.pipeline.regions[KILLED_REGION].job)
+        console.log(f"[red]killed communities (SIGKILL) in the middle of epoch {KILL_EPOCH}")
+        t2 = time.monotonic()
+        plan = run.rollback(failed=[KILLED_REGION], reason="demo: communities killed",
+                            progress=lambda m: console.log(m))
+        timings["rollback"] = time.monotonic() - t2
+        run.start()
+        with console.status("finishing the pipeline from the frontiers…"):
+            run.wait(progress=lambda m: console.log(m))
+        outputs = run.outputs()
+        sent = run.sent()
+        series = throughput_per_epoch(run)
+        pipeline = run.pipeline
+    timings["run with the failure"] = time.monotonic() - t1
+    comparison = compare(golden, outputs)
+    timings["total"] = time.monotonic() - t0
+    report = root / "report.html"
+    report.write_text(report_html(pipeline, plan.to_json(), comparison, series, timings,
+                                  golden_note, sent=sent))
+    return _verdict(console, comparison, plan.to_json()["frontiers"], report, timings)
+
+
+def _verdict(console, comparison: dict, frontiers: dict, report: Path, timings: dict) -> int:
+    lost = sum(v["lost"] for v in comparison.values())
+    dup = sum(v["duplicated"] for v in comparison.values())
+    console.print(f"[bold]{'✓' if lost == dup == 0 else '✗'} {lost} lost, {dup} duplicated "
+                  f"across {len(comparison)} outputs; frontiers {frontiers}")
+    console.print(f"report: {report}   (total {timings['total']:.0f} s)")
+    return 0 if lost == dup == 0 else 1
+
+
+# ---- Airflow mode ----------------------------------------------------------------------
+
+
+class AirflowAPI:
+    """The Airflow REST API (v2) with a token from /auth/token."""
+
+    def __init__(self, url: str, home: Path):
+        self.url = url
+        self.home = home  # the Airflow home whose passwords.json holds the login
+        self._token: str | None = None
+
+    def _request(self, method: str, path: str, body: Any = None,
+                 token: bool = True) -> tuple[int, Any]:
+        req = urllib.request.Request(
+            self.url + path, method=method,
+            data=None if body is None else json.dumps(body).encode())
+        req.add_header("Content-Type", "application/json")
+        if token:
+            req.add_header("Authorization", f"Bearer {self.token()}")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                status, text = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            status, text = err.code, err.read().decode()
+        try:
+            return status, json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return status, text
+
+    def token(self) -> str:
+        if self._token is None:
+            user, password = AIRFLOW_USER, airflow_password(self.home)
+            status, body = self._request("POST", "/auth/token",
+                                         {"username": user, "password": password}, token=False)
+            if status not in (200, 201):
+                raise DemoError(f"Airflow refused the demo's login: {status} {body}")
+            self._token = body["access_token"]
+        return self._token
+
+    def call(self, method: str, path: str, body: Any = None, ok=(200,)) -> Any:
+        for attempt in range(5):
+            try:
+                status, data = self._request(method, path, body)
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+                if attempt == 4:  # a busy api-server on a loaded machine: a few tries
+                    raise DemoError(f"Airflow API {method} {path}: {err}") from err
+                time.sleep(2)
+                continue
+            if status == 401 and attempt == 0:
+                self._token = None  # expired: log in again
+                continue
+            if status in ok:
+                return data
+            if status >= 500 and attempt < 4:
+                time.sleep(2)
+                continue
+            raise DemoError(f"Airflow API {method} {path}: {status} {data}")
+        raise AssertionError("unreachable")
+
+    def runs(self, dag_id: str) -> list[dict]:
+        data = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=100")
+        return sorted(data["dag_runs"], key=lambda r: (r.get("run_after") or "",
+                                                       r["dag_run_id"]))
+
+    def tasks(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        q = urllib.parse.quote(run_id, safe="")
+        data = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{q}/taskInstances?limit=100")
+        return {t["task_id"] if t.get("map_index", -1) == -1
+                else f"{t['task_id']}[{t['map_index']}]": t for t in data["task_instances"]}
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        q = urllib.parse.quote(run_id, safe="")
+        data = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{q}/taskInstances/{task_id}/"
+                                f"xcomEntries/{key}?deserialize=true", ok=(200, 404))
+        return None if not isinstance(data, dict) else data.get("value")
+
+    def pause(self, dag_id: str, paused: bool) -> None:
+        self.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": paused})
+
+    def run_url(self, dag_id: str, run_id: str) -> str:
+        return f"{self.url}/dags/{dag_id}/runs/{urllib.parse.quote(run_id, safe='')}"
+
+
+def _free_port_block(n: int = 3) -> int:
+    """A port P with P..P+n-1 free (bin/airflow uses P+1, P+2 for its log servers)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + n > 65535:
+            continue
+        free = True
+        for p in range(port + 1, port + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    free = False
+        if free:
+            return port
+    raise DemoError("no free block of 3 ports on 127.0.0.1")
+
+
+class AirflowDemo:
+    """One Airflow-driven run of the reference pipeline on a sandbox under ``root``."""
+
+    def __init__(self, root: Path, console, keep_airflow: bool, live_checks: bool,
+                 port: int | None, timeout_s: float):
+        self.root = root
+        self.sandbox = root / "airflow-run"
+        self.home = root / "airflow"
+        self.console = console
+        self.keep_airflow = keep_airflow
+        self.live_checks = live_checks
+        self.port = port
+        self.timeout_s = timeout_s
+        self.epochs = DEMO_INPUT["epochs"]
+        self.t0 = time.monotonic()
+        self.timings: dict[str, float] = {}
+        self.events: list[str] = []  # for the report, in order
+        self.notes: list[str] = []  # what the demo had to do around the DAGs, and why
+        self.env: dict[str, str] = {}
+        self.api: AirflowAPI | None = None
+        self.broker = None
+        self.run = None
+        self.airflow_started = False
+        self._seen: dict[str, str] = {}
+        self.recover_run: str | None = None
+        self._airflow: dict[str, Any] | None = None
+        self._skipped: set[str] = set()
+        self._labels: dict[str, dict[str, int]] = {}
+        self.killed_at: datetime | None = None
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def log(self, message: str, event: bool = False) -> None:
+        t = time.monotonic() - self.t0
+        self.console.log(f"[dim]{t:5.0f} s[/dim] {message}")
+        if event:
+            self.events.append(f"{t:.0f} s: {html.escape(_plain(message))}")
+
+    def phase(self, name: str, since: float) -> float:
+        now = time.monotonic()
+        self.timings[name] = now - since
+        return now
+
+    def bin_airflow(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([str(REPO_ROOT / "bin" / "airflow"), *args], env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def job_info(self, job: str = "communities") -> dict | None:
+        path = Path(self.run.cfg.var_dir) / "run" / self.run.pipeline.name / f"{job}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    # -- phases -----------------------------------------------------------------------
+
+    def clean(self) -> None:
+        """Stop what a previous demo left running here (Airflow kept for the user, jobs),
+        then start from empty folders."""
+        from falkirk.runtime import procs
+        self.env = self._airflow_env()
+        if (self.home / "airflow.pid").exists():
+            self.log("stopping the Airflow a previous demo left running")
+            self.bin_airflow("stop", timeout=120)
+        run_dir = self.sandbox / "var" / "run" / "reference"
+        for f in sorted(run_dir.glob("*.json")) if run_dir.exists() else []:
+            info = json.loads(f.read_text())
+            if procs.alive(info["pid"]):
+                procs.stop_group(info["pgid"], timeout_s=10)
+        shutil.rmtree(self.sandbox, ignore_errors=True)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def _airflow_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        env.update({"FALKIRK_AIRFLOW_HOME": str(self.home),
+                    "FALKIRK_LAKE": str(self.sandbox / "lake"),
+                    "FALKIRK_VAR_DIR": str(self.sandbox / "var"),
+                    "FALKIRK_BATCH_EPOCHS": str(self.epochs)})
+        if self.broker is not None:
+            env["FALKIRK_KAFKA_BOOTSTRAP"] = self.broker.bootstrap
+        return env
+
+    def start_sandbox(self) -> None:
+        from falkirk.local.broker import LocalBroker
+        from falkirk_dev.harness import LocalRun
+
+        self.broker = LocalBroker(self.sandbox / "broker").start()
+        self.run = LocalRun(self.sandbox, broker=self.broker).__enter__()
+        info = self.run.generate(**DEMO_INPUT)
+        self.env = self._airflow_env()
+        self.log(f"sandbox {self.sandbox}: broker on {self.broker.bootstrap}; input generated "
+                 f"({DEMO_INPUT['events']} events, {DEMO_INPUT['queries']} queries, "
+                 f"{self.epochs} epochs, seed {DEMO_INPUT['seed']}; {info['malformed']} "
+                 f"malformed, {info['late']} late)")
+
+    def start_airflow(self) -> None:
+        self.port = self.port or _free_port_block()
+        url = f"http://127.0.0.1:{self.port}"
+        with self.console.status(f"starting Airflow on {url} (bin/airflow start: database "
+                                 f"migration, api-server, scheduler, dag-processor, "
+                                 f"triggerer)…"):
+            done = self.bin_airflow("start", "--port", str(self.port))
+        self.airflow_started = True
+        if done.returncode != 0:
+            raise DemoError(f"bin/airflow start failed ({done.returncode}):\n"
+                            f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        self.api = AirflowAPI(url, self.home)
+        self.version = self.api.call("GET", "/api/v2/version").get("version", "?")
+        self.log(f"Airflow {self.version} ready at {url} (AIRFLOW_HOME={self.home})",
+                 event=True)
+
+    def unpause(self) -> None:
+        api = self.api
+        deadline = time.monotonic() + 300
+        with self.console.status("waiting for the dag-processor to parse dags/…"):
+            while True:
+                missing = [d for d in (SUPERVISOR, BATCH)
+                           if api._request("GET", f"/api/v2/dags/{d}")[0] != 200]
+                if not missing:
+                    break
+                errors = api.call("GET", "/api/v2/importErrors").get("import_errors", [])
+                ours = [e for e in errors if any(m.removeprefix("falkirk_") in e["filename"]
+                                                 for m in missing)]
+                if ours:
+                    raise DemoError("DAG import errors:\n" + "\n".join(
+                        f"{e['filename']}: {e['stack_trace'][-1500:]}" for e in ours))
+                if time.monotonic() > deadline:
+                    raise DemoError(f"Airflow never parsed {missing} (see {self.home}/logs/"
+                                    f"dag-processor.log)")
+                time.sleep(2)
+        for dag_id in (SUPERVISOR, BATCH):
+            api.pause(dag_id, False)
+        self.log(f"unpaused {SUPERVISOR} (start, watch, recover the stream jobs) and {BATCH} "
+                 f"(popularity: one Spark run per epoch, catchup over {self.epochs} epochs)",
+                 event=True)
+
+    # -- watching ---------------------------------------------------------------------
+
+    def progress(self, airflow: bool = True) -> dict[str, Any]:
+        """Where everything is: regions' epochs, stream jobs, the batch runs, the supervisor
+        run (Airflow's part only when ``airflow``, else the last one read: the api-server
+        has one worker, shared with the tasks' execution API, on a busy machine)."""
+        from falkirk.airflow import streams
+        from falkirk.runtime import procs
+
+        logs = self.run.log.regions(self.run.pipeline)
+        regions = {}
+        for name, rlog in logs.items():
+            done = sorted({r.epoch for r in rlog.entries.values()
+                           if r.status in ("committed", "checkpointed")})
+            running = sorted({r.epoch for r in rlog.entries.values() if r.status == "running"})
+            regions[name] = (done, running)
+        alive = {Path(i["job"]).stem for i in procs.running(self.run.pipeline, self.run.cfg)}
+        jobs = {}
+        for job in streams.stream_jobs(self.run.pipeline):
+            name = Path(job).stem
+            jobs[name] = ("running" if name in alive else
+                          "finished" if streams.finished_cleanly(self.run.pipeline, job,
+                                                                 self.run.cfg)
+                          else "not running" if self.job_info(name) else "not started")
+        if airflow or self._airflow is None:
+            sup = self.api.runs(SUPERVISOR)
+            self._airflow = {"batch": self.api.runs(BATCH), "supervisor": sup}
+            if not self.live_checks:
+                self.skip_live_checks(self._airflow)
+            self._airflow["supervisor_tasks"] = {
+                r["dag_run_id"]: self.api.tasks(SUPERVISOR, r["dag_run_id"])
+                for r in sup if r["state"] in ("queued", "running")}
+        return {"regions": regions, "jobs": jobs, **self._airflow}
+
+    def describe(self, p: dict[str, Any]) -> str:
+        parts = []
+        for name, (done, running) in p["regions"].items():
+            last = done[-1] if done else -1
+            parts.append(f"{name} {last + 1}/{self.epochs}" + (f"▸{running[-1]}" if running
+                                                              and running[-1] > last else ""))
+        ok = sum(r["state"] == "success" for r in p["batch"])
+        parts.append(f"batch runs {ok}/{self.epochs}")
+        return "epochs done: " + ", ".join(parts)
+
+    def label(self, dag_id: str, run: dict) -> str:
+        """A short name for a DAG run: the batch run's epoch, the supervisor run's number."""
+        if dag_id == BATCH:  # (not falkirk.airflow.batch: importing Airflow takes logging)
+            start = datetime.fromisoformat(run["data_interval_start"].replace("Z", "+00:00"))
+            s = self.run.pipeline.settings
+            ms = start.timestamp() * 1000 - s["origin_ms"]
+            return f"batch run for epoch {round(ms / (s.get('epoch_seconds', 10) * 1000))}"
+        names = self._labels.setdefault(dag_id, {})
+        return f"supervisor run {names.setdefault(run['dag_run_id'], len(names) + 1)}"
+
+    def report_changes(self, p: dict[str, Any]) -> None:
+        """Log what changed since last time: jobs, DAG runs, supervisor tasks (not every
+        poke of a sensor)."""
+        now: dict[str, str] = {}
+        for job, state in p["jobs"].items():
+            now[f"job {job}"] = state
+        for r in p["batch"]:
+            now[self.label(BATCH, r)] = r["state"]
+        names = {}
+        for r in p["supervisor"]:
+            names[r["dag_run_id"]] = self.label(SUPERVISOR, r)
+            now[names[r["dag_run_id"]]] = r["state"]
+        for run_id, tasks in p["supervisor_tasks"].items():
+            for task, ti in tasks.items():
+                state = ti["state"] or "none"
+                if state == "up_for_reschedule":
+                    state = "running"  # a sensor between pokes
+                now[f"{names.get(run_id, run_id)}: {task}"] = state
+        for key, state in now.items():
+            if state in ("none", "scheduled", "queued") and key in self._seen:
+                continue  # a sensor between pokes, a retry on its way
+            if self._seen.get(key) != state:
+                if state not in ("none", "scheduled", "queued"):
+                    self.log(f"{key}: {state}")
+                self._seen[key] = state
+
+    def wait(self, what: str, done, interval: float = 5.0, timeout_s: float | None = None,
+             airflow_every: float = 5.0):
+        """Poll ``done(progress)`` until it returns something truthy; show progress. The
+        epoch log is read every ``interval`` s, Airflow's REST API every ``airflow_every``."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        asked = 0.0
+        with self.console.status(what) as status:
+            while True:
+                fresh = time.monotonic() - asked >= airflow_every
+                if fresh:
+                    asked = time.monotonic()
+                p = self.progress(airflow=fresh)
+                self.report_changes(p)
+                self.check_failures(p)
+                status.update(f"{what}  [dim]{self.describe(p)}[/dim]")
+                result = done(p)
+                if result:
+                    return result
+                if time.monotonic() > deadline:
+                    raise DemoError(f"timed out ({timeout_s or self.timeout_s:.0f} s) "
+                                    f"{what}; {self.describe(p)}")
+                time.sleep(interval)
+
+    def check_failures(self, p: dict[str, Any]) -> None:
+        failed = [r for r in p["batch"] if r["state"] == "failed"]
+        if failed:
+            raise DemoError(f"{BATCH} run {failed[0]['dag_run_id']} failed: see "
+                            f"{self.api.run_url(BATCH, failed[0]['dag_run_id'])} and "
+                            f"{self.home}/logs/")
+        for run_id, tasks in p["supervisor_tasks"].items():
+            for task, ti in tasks.items():
+                if ti["state"] in ("failed", "upstream_failed"):
+                    raise DemoError(f"{SUPERVISOR} task {task} {ti['state']} in run {run_id}: "
+                                    f"see {self.api.run_url(SUPERVISOR, run_id)}")
+        if any(r["state"] == "failed" for r in p["supervisor"]):
+            raise DemoError(f"a {SUPERVISOR} run failed: see {self.api.url}")
+
+    # -- the story --------------------------------------------------------------------
+
+    def skip_live_checks(self, p: dict[str, Any]) -> None:
+        """Without live checks: mark the data_checks task of every new run of both DAGs
+        skipped as soon as the run exists (before it starts: a task marked skipped while it
+        runs is killed, and its validate child could outlive it); the checks run once at
+        the end instead."""
+        for dag_id, runs in ((SUPERVISOR, p["supervisor"]), (BATCH, p["batch"])):
+            for r in runs:
+                key = f"{dag_id}/{r['dag_run_id']}"
+                if r["state"] not in ("queued", "running") or key in self._skipped:
+                    continue
+                q = urllib.parse.quote(r["dag_run_id"], safe="")
+                done = self.api.call(
+                    "PATCH", f"/api/v2/dags/{dag_id}/dagRuns/{q}/taskInstances/data_checks",
+                    {"new_state": "skipped", "note": "falkirk demo: the data checks run "
+                                                     "once at the end (--live-checks runs "
+                                                     "this task)"},
+                    ok=(200, 404, 409))
+                if isinstance(done, dict) and done.get("task_instances"):
+                    self._skipped.add(key)
+                    self.log(f"{self.label(dag_id, r)}: data_checks marked skipped (checks "
+                             f"run once at the end)")
+
+    def until_kill_point(self) -> tuple[str, int]:
+        """Wait for communities to be in the middle of epoch KILL_EPOCH (or a later one, if
+        it raced past); the supervisor run watching it and the job's pid file."""
+        def ready(p):
+            info = self.job_info()
+            running = [r for r, tasks in p["supervisor_tasks"].items()
+                       if tasks.get("watch", {}).get("state") in ("running", "up_for_reschedule")]
+            if info is None or not running:
+                return None
+            done, now = p["regions"][KILLED_REGION]
+            mid = [e for e in now if e >= KILL_EPOCH and e not in done]
+            if mid and self.run.epoch_running(KILLED_REGION, mid[-1]):
+                return running[-1], mid[-1]
+            if done and done[-1] >= self.epochs - 1:
+                raise DemoError("communities finished every epoch before the demo could "
+                                "kill it")
+            return None
+
+        return self.wait(f"waiting for communities to be in the middle of epoch "
+                         f"{KILL_EPOCH}…", ready, interval=0.5, airflow_every=10)
+
+    def kill(self, epoch: int) -> None:
+        from falkirk.runtime import procs
+        info = self.job_info()
+        pgid = info["pgid"]
+        os.killpg(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while procs.group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.killed_at = datetime.now(UTC)
+        self.log(f"[red]killed communities with SIGKILL (process group {pgid}) in the "
+                 f"middle of epoch {epoch}", event=True)
+
+    def until_recovered(self, run_id: str, killed_at: float) -> dict:
+        """The supervisor's watch notices, recover rolls back and restarts: the plan."""
+        watch_seen = False
+
+        def recovered(p):
+            nonlocal watch_seen
+            tasks = p["supervisor_tasks"].get(run_id)
+            if tasks is None:  # the run ended: read its tasks once more
+                tasks = self.api.tasks(SUPERVISOR, run_id)
+            if not watch_seen and tasks["watch"]["state"] == "success":
+                watch_seen = True
+                self.timings["kill → watch saw it"] = time.monotonic() - killed_at
+                dead = self.api.xcom(SUPERVISOR, run_id, "watch")
+                self.log(f"supervisor: watch saw the death after "
+                         f"{self.timings['kill → watch saw it']:.0f} s: {dead}", event=True)
+            if tasks["recover"]["state"] == "success":
+                return tasks
+            return None
+
+        self.wait("waiting for the supervisor to notice (watch pokes every 30 s) and "
+                  "recover…", recovered, interval=3, airflow_every=3)
+        self.recover_run = run_id
+        result = self.api.xcom(SUPERVISOR, run_id, "recover") or {}
+        plan = self.api.xcom(SUPERVISOR, run_id, "recover", key="plan")
+        rollbacks = [r for r in self.run.log.rollbacks(self.run.pipeline.name)
+                     if r["status"] == "done"]
+        if not rollbacks:
+            raise DemoError("recover succeeded but the epoch log records no finished "
+                            "rollback")
+        logged = rollbacks[-1]["plan"]
+        if plan is None:
+            self.notes.append("the recover task's plan XCom could not be read through the "
+                              "REST API; the plan shown is the epoch log's")
+            plan = logged
+        elif plan.get("rollback_id") != logged.get("rollback_id"):
+            self.notes.append(f"the recover task's plan ({plan.get('rollback_id')}) is not "
+                              f"the epoch log's last rollback ({logged.get('rollback_id')})")
+        frontiers = {r: f for r, f in plan["frontiers"].items() if f != "top"}
+        self.log(f"supervisor: recover rolled back ({plan['rollback_id']}, generation "
+                 f"{plan['generation']}, frontiers {frontiers or 'all ⊤'}) and restarted "
+                 f"{result.get('restarted')}", event=True)
+        return plan
+
+    def until_done(self) -> None:
+        """Every epoch done: batch runs, stream jobs finished, communities' last epoch."""
+        last = self.epochs - 1
+
+        def done(p):
+            ok = sum(r["state"] == "success" for r in p["batch"])
+            committed = {n: (d[-1] if d else -1) for n, (d, _) in p["regions"].items()}
+            streams_done = all(p["jobs"][j] == "finished" for j in ("ingest", "serve"))
+            return (ok >= self.epochs and streams_done
+                    and all(e >= last for e in committed.values()))
+
+        self.wait(f"waiting for every region to finish epoch {last} (the batch DAG, the "
+                  f"stream jobs)…", done)
+        self.log(f"every region finished epoch {last}; ingest and serve ended at the end of "
+                 f"their input", event=True)
+
+    def end_supervision(self) -> None:
+        """Pause the supervisor once every epoch is done, then close what is left open.
+
+        The supervisor DAG is @continuous and its watch goes on waiting once every stream
+        job finished at the end of its input (a rollback could start them again), so its
+        run never ends by itself. The demo pauses the DAG (what its doc says stops
+        supervising), lets an in-flight task finish, stops a stream job still alive, and
+        marks the run left open success, with a note."""
+        from falkirk.runtime import procs
+        api = self.api
+        api.pause(SUPERVISOR, True)
+        self.log(f"paused {SUPERVISOR}: every epoch is done", event=True)
+
+        def settled(p):
+            open_runs = [r for r in p["supervisor"] if r["state"] in ("queued", "running")]
+            busy = [t for r in open_runs for t in p["supervisor_tasks"].get(r["dag_run_id"],
+                                                                            {}).values()
+                    if t["state"] in ("running", "queued")]
+            return (open_runs or [None]) if not busy else None
+
+        open_runs = self.wait("waiting for an in-flight supervisor task to finish…", settled,
+                              interval=3, airflow_every=3, timeout_s=900)
+        for info in procs.running(self.run.pipeline, self.run.cfg):
+            procs.stop_group(info["pgid"], timeout_s=20)
+            self.log(f"stopped {info['job']}: still running after every epoch was done",
+                     event=True)
+        for r in open_runs:
+            if r is None:
+                continue
+            tasks = self.api.tasks(SUPERVISOR, r["dag_run_id"])
+            waiting = sorted(t for t, ti in tasks.items() if ti["state"] not in TERMINAL)
+            note = ("Ended by the falkirk demo after every epoch was done: every stream job "
+                    "finished at the end of its input, and it paused the DAG; "
+                    f"{', '.join(waiting) or 'no task'} still waiting.")
+            q = urllib.parse.quote(r["dag_run_id"], safe="")
+            api.call("PATCH", f"/api/v2/dags/{SUPERVISOR}/dagRuns/{q}",
+                     {"state": "success", "note": note})
+            self.notes.append(f"The demo marked {SUPERVISOR} run {r['dag_run_id']} success: "
+                              f"{note}")
+            self.log(f"marked {self.label(SUPERVISOR, r)} success (see its note in the UI)")
+
+    def validate(self) -> dict:
+        """``falkirk validate`` on the sandbox: the epochs not checked yet (all of them
+        without live checks), with GX Data Docs."""
+        cmd = [sys.executable, "-m", "falkirk.cli", "validate", "--pipeline", "reference",
+               "--json"]
+        with self.console.status("data checks: falkirk validate (Spark + Great "
+                                 "Expectations)…"):
+            done = subprocess.run(cmd, env=self.env, capture_output=True, text=True,
+                                  timeout=1800)
+        if done.returncode not in (0, 1) or not done.stdout.strip():
+            raise DemoError(f"falkirk validate exited {done.returncode}: "
+                            f"{done.stderr[-2000:]}")
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        rows = self.run.log.checks(self.run.pipeline.name)
+        summary = checks_summary(rows)
+        docs = report.get("data_docs")
+        if docs is None:
+            found = Path(self.run.cfg.var_dir) / "checks" / "reference" / "data_docs" / \
+                "index.html"
+            docs = str(found) if found.exists() else None
+        failed = [r for r in summary if r["failed"]]
+        self.log(f"data checks: {len(report['epochs'])} region epoch(s) checked now; "
+                 f"in all {len(summary)} region epochs, {sum(r['checks'] for r in summary)} "
+                 f"checks, {len(failed)} failed", event=True)
+        if self.live_checks:
+            how = ("From the epoch log's checks table. Live checks: the batch DAG's "
+                   "data_checks task checked each popularity epoch after its run, the "
+                   "supervisor's data_checks sensor checked stream epochs as they were "
+                   "committed, and the demo ran falkirk validate once at the end for what was "
+                   f"left ({len(report['epochs'])} region epochs).")
+        else:
+            how = ("From the epoch log's checks table. Checks once at the end (the default; "
+                   "--live-checks runs the DAGs' own): the demo marked the "
+                   "data_checks tasks of both DAGs skipped and ran falkirk validate once at "
+                   f"the end, over every committed epoch ({len(report['epochs'])} region "
+                   "epochs).")
+        return {"summary": summary, "data_docs": docs, "how": how}
+
+    def airflow_section(self) -> dict:
+        runs = []
+        for dag_id in (SUPERVISOR, BATCH):
+            for r in self.api.runs(dag_id):
+                tasks = self.api.tasks(dag_id, r["dag_run_id"])
+                runs.append({"dag_id": dag_id, "run_id": r["dag_run_id"], "state": r["state"],
+                             "url": self.api.run_url(dag_id, r["dag_run_id"]),
+                             "tasks": ", ".join(f"{t} {ti['state']}" + (
+                                 f" (try {ti['try_number']})" if ti.get("try_number", 1) > 1
+                                 else "") for t, ti in tasks.items())})
+        restarts = []
+        for i, r in enumerate(self.api.runs(SUPERVISOR)):
+            started = self.api.xcom(SUPERVISOR, r["dag_run_id"], "start_streams") if i else None
+            if started:
+                restarts.append(f"run {i + 1}: {', '.join(sorted(started))}")
+        if restarts:
+            self.notes.append(
+                "Later supervisor runs started stream jobs (after a death, or a rollback): "
+                + "; ".join(restarts) + ".")
+        log = self.home / "logs" / "scheduler.log"
+        if log.exists():
+            text = log.read_text(errors="replace")
+            skipped = sum(1 for line in text.splitlines()
+                          if "run already exists; skipping dagrun creation" in line
+                          and f"dag_id={SUPERVISOR}" in line)
+            if skipped:
+                self.notes.append(
+                    f"Airflow's scheduler never created a second {SUPERVISOR} run after the "
+                    f"first one ended: it logged 'run already exists; skipping dagrun "
+                    f"creation' {skipped} times (the @continuous DAG has no start_date, so "
+                    f"its next run gets the same logical date as the first). Nothing "
+                    f"supervised the stream jobs after that.")
+        return {"url": self.api.url, "home": str(self.home), "version": self.version,
+                "events": self.events, "runs": runs, "notes": self.notes}
+
+    def shutdown(self, failed: bool) -> None:
+        """Stop the jobs and the broker; Airflow too unless it is kept for the user."""
+        from falkirk.runtime import procs
+        if self.api is not None:
+            for dag_id in (SUPERVISOR, BATCH) if failed else (SUPERVISOR,):
+                with contextlib.suppress(Exception):
+                    self.api.pause(dag_id, True)
+        if self.run is not None:
+            for info in procs.running(self.run.pipeline, self.run.cfg):
+                procs.stop_group(info["pgid"], timeout_s=10)
+        if self.airflow_started and not self.keep_airflow:
+            with self.console.status("stopping Airflow…"):
+                self.bin_airflow("stop", timeout=180)
+        if self.broker is not None:
+            self.broker.stop()
+
+
+def main_airflow(args: Namespace, console) -> int:
+    from falkirk_dev.harness import compare
+
+    root = Path(getattr(args, "root", None) or REPO_ROOT / "var" / "demo").resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    demo = AirflowDemo(root, console, keep_airflow=getattr(args, "keep_airflow", True),
+                       live_checks=getattr(args, "live_checks", False),
+                       port=getattr(args, "port", None),
+                       timeout_s=getattr(args, "timeout", 1800))
+    t = demo.t0
+    demo.clean()
+    t = demo.phase("clean up a previous demo", t)
+    golden, golden_note, _ = golden_outputs(root, console, getattr(args, "fresh_golden", False))
+    t = demo.phase("failure-free run", t)
+    failed = True
+    try:
+        demo.start_sandbox()
+        t = demo.phase("broker and input", t)
+        demo.start_airflow()
+        t = demo.phase("Airflow start", t)
+        demo.unpause()
+        t = demo.phase("DAGs parsed and unpaused", t)
+        run_id, epoch = demo.until_kill_point()
+        t = demo.phase(f"until communities was mid epoch {epoch}", t)
+        demo.kill(epoch)
+        plan = demo.until_recovered(run_id, t)
+        t = demo.phase("kill → recovered (supervisor)", t)
+        demo.until_done()
+        t = demo.phase("recovered → every epoch done", t)
+        demo.end_supervision()
+        t = demo.phase("end supervision", t)
+        checks = demo.validate()
+        t = demo.phase("data checks (falkirk validate)", t)
+        outputs = demo.run.outputs()
+        comparison = compare(golden, outputs)
+        series = throughput_per_epoch(demo.run)
+        steps, first = progress_over_time(demo.run)
+        marks = [] if first is None or demo.killed_at is None else [
+            ((demo.killed_at - first).total_seconds(), "communities killed")]
+        progress = progress_svg(steps, demo.epochs, marks, "epochs done per region over time "
+                                "(dashed: the kill)")
+        airflow = demo.airflow_section()
+        t = demo.phase("outputs, comparison", t)
+        demo.timings["total"] = time.monotonic() - demo.t0
+        report = root / "report.html"
+        sent = demo.run.sent()
+        report.write_text(report_html(demo.run.pipeline, plan, comparison, series,
+                                      demo.timings, golden_note, airflow, checks, progress,
+                                      sent))
+        failed = False
+    finally:
+        demo.shutdown(failed)
+        if failed and demo.airflow_started:
+            console.print(f"[red]the demo failed[/red]; Airflow logs: {demo.home}/logs, job "
+                          f"logs: {demo.sandbox}/var/log")
+            if demo.keep_airflow and demo.api is not None:
+                console.print(f"Airflow is still up for a look: {demo.api.url} (login admin, "
+                              f"password in {demo.home}/passwords.json); stop it with: "
+                              f"FALKIRK_AIRFLOW_HOME={demo.home} bin/airflow stop")
+    code = _verdict(console, comparison, plan["frontiers"], report, demo.timings)
+    bad_checks = [r for r in checks["summary"] if r["failed"]]
+    console.print(f"data checks: {len(checks['summary'])} region epochs, "
+                  f"{'all passed' if not bad_checks else f'{len(bad_checks)} failed'}"
+                  + (f"; GX Data Docs: {checks['data_docs']}" if checks["data_docs"] else ""))
+    if demo.keep_airflow:
+        console.print(f"Airflow UI: {demo.api.url}  (login admin, password in "
+                      f"{demo.home}/passwords.json)")
+        console.print(f"the supervisor run that rolled back (its Rollback plan tab): "
+                      f"{demo.api.run_url(SUPERVISOR, demo.recover_run)}")
+        console.print(f"stop Airflow with: FALKIRK_AIRFLOW_HOME={demo.home} bin/airflow stop")
+    else:
+        console.print(f"Airflow stopped (its logs stay in {demo.home}/logs)")
+    return code if not bad_checks else 1
+
+
+def _plain(message: str) -> str:
+    """Rich markup off (for the report)."""
+    import re
+
+    return re.sub(r"\[/?[a-z ]+\]", "", message)
+
+
+# ---- entry points ----------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``falkirk demo``'s options."""
+    p.add_argument("--root", help="where the demo's sandboxes and report go (default var/demo)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--airflow", dest="mode", action="store_const", const="airflow",
+                      help="drive the pipeline through the Airflow DAGs (the default)")
+    mode.add_argument("--direct", dest="mode", action="store_const", const="direct",
+                      help="no Airflow: the demo calls the rollback executor itself")
+    p.add_argument("--keep-airflow", action=argparse.BooleanOptionalAction, default=True,
+                   help="leave Airflow running at the end to look at the runs (default: "
+                        "keep; --no-keep-airflow stops it)")
+    p.add_argument("--live-checks", action=argparse.BooleanOptionalAction, default=False,
+                   help="run the DAGs' data checks as they are: the supervisor's data_checks "
+                        "sensor (a new falkirk validate, Spark and GX, every 30 s beside the "
+                        "jobs) and the batch DAG's data_checks task after each epoch, in its "
+                        "run, before the next epoch. Default: --no-live-checks, those tasks "
+                        "are marked skipped and falkirk validate runs once at the end (the "
+                        "same checks; several times faster on 2 cores)")
+    p.add_argument("--fresh-golden", action="store_true",
+                   help="run the failure-free reference again even if its cached outputs "
+                        "match the input and code")
+    p.add_argument("--port", type=int, help="Airflow's port (default: a free one)")
+    p.add_argument("--timeout", type=float, default=1800,
+                   help="seconds to wait for any one step of the Airflow run (default 1800)")
+
+
+def main(args: Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 110)
+    if getattr(args, "mode", None) == "direct":
+        return main_direct(args, console)
+    return main_airflow(args, console)
+
+
+def run(argv: list[str] | None = None) -> None:
+    """``python -m falkirk_dev.demo``: parse, run, exit hard once output is flushed (delta-rs
+    can abort an interpreter at exit after all work is done, delta-io/delta-rs#2184)."""
+    p = argparse.ArgumentParser(prog="falkirk demo", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        code = main(args)
+    except FalkirkError as exc:
+        print(f"falkirk demo: error: {exc}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run()
