@@ -82,5 +82,5 @@ def rollback_dag(airflow_env):
     objects (Param.resolve keeps the value), so a reused DAG would carry it over."""
     from airflow.dag_processing.dagbag import DagBag
 
-    return DagBag(dag_folder=str(REPO_ROOT / "dags" / "falkirk_rollback.py")).dags[
-        "falkirk_rollback"]
+    return DagBag(dag_folder=str(REPO_ROOT / "dags" / "falkirk_pipelines.py")).dags[
+        "falkirk_reference_rollback"]

@@ -80,10 +80,10 @@ def test_rest_api_dry_run_and_plan_page(live_airflow):
     before = snapshot(cfg)
     assert _call(f"{url}/api/v2/dags")[0] == 401  # auth stays on
     token = _token(url)
-    runs = f"{url}/api/v2/dags/falkirk_rollback/dagRuns"
+    runs = f"{url}/api/v2/dags/falkirk_reference_rollback/dagRuns"
     deadline = time.monotonic() + 120  # the dag-processor's first parse
-    while _call(f"{url}/api/v2/dags/falkirk_rollback", token)[0] != 200:
-        assert time.monotonic() < deadline, "falkirk_rollback never appeared"
+    while _call(f"{url}/api/v2/dags/falkirk_reference_rollback", token)[0] != 200:
+        assert time.monotonic() < deadline, "falkirk_reference_rollback never appeared"
         time.sleep(2)
 
     status, body = _call(runs, token, {"logical_date": None, "conf": {
@@ -108,7 +108,7 @@ def test_rest_api_dry_run_and_plan_page(live_airflow):
     assert state == "success"
     assert snapshot(cfg) == before
 
-    page = f"{url}/falkirk/plan/falkirk_rollback/{quoted}"
+    page = f"{url}/falkirk/plan/falkirk_reference_rollback/{quoted}"
     assert _call(page)[0] == 401
     status, html = _call(page, token)
     assert status == 200
@@ -186,14 +186,15 @@ def _open_dag(page, url: str, timeout_s: float = 180) -> None:
     page until then) and its Trigger button shows."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    page.goto(f"{url}/dags/falkirk_rollback")
+    page.goto(f"{url}/dags/falkirk_reference_rollback")
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             page.get_by_role("button", name="Trigger Dag").wait_for(timeout=10_000)
             return
         except PlaywrightTimeout:
-            assert time.monotonic() < deadline, "falkirk_rollback never appeared in the UI"
+            assert time.monotonic() < deadline, \
+                "falkirk_reference_rollback never appeared in the UI"
             page.reload()
 
 
@@ -237,18 +238,18 @@ def test_browser_dry_run_and_plan_tab(live_airflow):
         page = context.new_page()
         try:
             # 1. auth stays on: the DAG's page sends a stranger to the login form
-            page.goto(f"{url}/dags/falkirk_rollback")
-            page.wait_for_url(re.compile(r"/auth/login\?next=.*falkirk_rollback"))
+            page.goto(f"{url}/dags/falkirk_reference_rollback")
+            page.wait_for_url(re.compile(r"/auth/login\?next=.*falkirk_reference_rollback"))
             expect(page.get_by_role("button", name="Sign in")).to_be_visible()
             _shot(page, "01-login-redirect")
             page.get_by_label("Username").fill("admin")
             page.get_by_label("Password").fill(TEST_PASSWORD)
             page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url(f"{url}/dags/falkirk_rollback")
+            page.wait_for_url(f"{url}/dags/falkirk_reference_rollback")
 
             # 2. the rollback DAG (once parsed) and its trigger form
             _open_dag(page, url)
-            expect(page.get_by_role("heading", name="falkirk_rollback")).to_be_visible()
+            expect(page.get_by_role("heading", name="falkirk_reference_rollback")).to_be_visible()
             _shot(page, "02-dag-page")
             page.get_by_role("button", name="Trigger Dag").click()
             form = page.get_by_role("dialog")
@@ -283,7 +284,7 @@ def test_browser_dry_run_and_plan_tab(live_airflow):
 
             # 3. trigger: the UI opens the new run's page
             trigger.click()
-            page.wait_for_url(re.compile(r"/dags/falkirk_rollback/runs/[^/]+$"))
+            page.wait_for_url(re.compile(r"/dags/falkirk_reference_rollback/runs/[^/]+$"))
             run_id = urllib.parse.unquote(page.url.rsplit("/runs/", 1)[1])
             expect(page.get_by_role("heading", name=run_id, exact=True)).to_be_visible()
             _shot(page, "04-run-triggered")

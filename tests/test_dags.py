@@ -10,8 +10,10 @@ import pytest
 
 from falkirk.config import REPO_ROOT
 
-ROLLBACK = "falkirk_rollback"
-DAG_IDS = {ROLLBACK, "falkirk_batch_popularity", "falkirk_streams_supervisor", "falkirk_gc"}
+ROLLBACK = "falkirk_reference_rollback"
+STREAMS = "falkirk_reference_streams"
+BATCH = "falkirk_reference_batch_popularity"
+DAG_IDS = {ROLLBACK, BATCH, STREAMS, "falkirk_reference_gc"}
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +46,62 @@ def test_every_dag_imports_with_tags_retries_and_docs(dagbag):
     for param in ("Pipeline", "Regions", "Back to epoch", "Dry run", "Reason"):
         assert f"**{param}**" in rollback.doc_md
     assert rollback.max_active_runs == 1
-    assert dagbag.dags["falkirk_streams_supervisor"].max_active_runs == 1
+    assert dagbag.dags[STREAMS].max_active_runs == 1
+
+
+CLICKS = """
+pipeline: clicks
+settings: {epoch_seconds: 5, origin_ms: 0}
+regions:
+  ingest: {regime: ephemeral, job: jobs/ingest.py}
+  counts: {regime: batch, job: jobs/counts.py}
+  totals: {regime: eager, job: jobs/totals.py}
+edges:
+  clicks: {kind: kafka, to: ingest, topic: clicks}
+  clean:  {kind: delta, from: ingest, to: counts, table: clean}
+  per_page: {kind: delta, from: counts, to: totals, table: per_page}
+  user_totals: {kind: delta, from: totals, table: user_totals}
+"""
+
+
+def test_every_declared_pipeline_outside_the_checkout_gets_its_dags(airflow_env, tmp_path,
+                                                                     monkeypatch):
+    """A pipeline folder in $FALKIRK_PIPELINES shows up in Airflow with its own streams,
+    batch (one per batch region), rollback and gc DAGs, no DAG file copied; a declaration
+    that does not load gets none and leaves the others alone."""
+    import json
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    folder = tmp_path / "pipelines"
+    clicks = folder / "clicks"
+    (clicks / "jobs").mkdir(parents=True)
+    (clicks / "schemas" / "tables").mkdir(parents=True)
+    (clicks / "pipeline.yaml").write_text(CLICKS)
+    for job in ("ingest", "counts", "totals"):
+        (clicks / "jobs" / f"{job}.py").write_text("")
+    for table in ("clean", "per_page", "user_totals"):
+        (clicks / "schemas" / "tables" / f"{table}.json").write_text(json.dumps(
+            {"table": table, "fields": [{"name": "epoch", "type": "int64"}]}))
+    (folder / "broken.yaml").write_text(CLICKS.replace("clicks", "broken").replace(
+        "jobs/", "missing/"))
+    monkeypatch.setenv("FALKIRK_PIPELINES", str(folder))
+
+    bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    assert bag.import_errors == {}
+    assert set(bag.dags) == DAG_IDS | {"falkirk_clicks_streams", "falkirk_clicks_batch_counts",
+                                       "falkirk_clicks_rollback", "falkirk_clicks_gc"}
+    batch = bag.dags["falkirk_clicks_batch_counts"]
+    assert batch.get_task("counts").application == str(clicks / "jobs" / "counts.py")
+    assert batch.get_task("trigger_rollback").partial_kwargs["trigger_dag_id"] == \
+        "falkirk_clicks_rollback"
+    rollback = bag.dags["falkirk_clicks_rollback"]
+    assert rollback.params["pipeline"] == "clicks"
+    assert rollback.params.get_param("failed_regions").schema["items"]["enum"] == [
+        "ingest", "counts", "totals"]
+    streams = bag.dags["falkirk_clicks_streams"]
+    assert streams.get_task("start_streams").op_kwargs == {"pipeline": "clicks"}
+    assert "`jobs/ingest.py` (ingest)" in streams.doc_md
 
 
 def _conf(**overrides):
@@ -163,7 +220,7 @@ def test_batch_epochs_follow_the_data_interval(airflow_env, dagbag):
     import pendulum
 
     assert epoch_of("reference", pendulum.instance(start).add(seconds=50)) == 5
-    dag = dagbag.dags["falkirk_batch_popularity"]
+    dag = dagbag.dags[BATCH]
     assert dag.catchup and dag.start_date == start
     task = dag.get_task("popularity")
     assert task.application.endswith("jobs/popularity.py")
@@ -182,7 +239,7 @@ def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(d
     cmd = job_command("jobs/ingest.py", ["--pipeline", "reference"], cfg)
     given = dict(cmd[i + 1].split("=", 1) for i, arg in enumerate(cmd) if arg == "--conf")
     assert given == cfg.spark_launch_conf
-    assert dagbag.dags["falkirk_batch_popularity"].get_task("popularity").conf == given
+    assert dagbag.dags[BATCH].get_task("popularity").conf == given
     # local drivers: C1 only, serial GC (2 cores shared by four JVMs), and the code cache
     # of tiered compilation (C1 alone gets 48 MB, which long streaming queries fill)
     assert given["spark.driver.extraJavaOptions"].split() == [

@@ -158,7 +158,7 @@ def test_a_rollback_killed_half_way_and_run_again_ends_in_the_same_state(golden,
 def test_the_rollback_dag_after_a_killed_region_ends_like_the_failure_free_run(
         golden, tmp_path, monkeypatch, rollback_dag):
     """What an operator does from the UI, run with Airflow's own test runner: communities is
-    killed mid-epoch; a falkirk_rollback run (dry_run false) plans, pauses the affected
+    killed mid-epoch; a falkirk_reference_rollback run (dry_run false) plans, pauses the affected
     streams, rolls back, restarts them and validates; the pipeline then finishes."""
     import time
 

@@ -42,12 +42,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from falkirk.airflow import names
 from falkirk.config import REPO_ROOT
 from falkirk.errors import FalkirkError
 
 DEMO_INPUT = {"events": 3000, "queries": 300, "epochs": 6, "seed": 21}
 KILL_EPOCH = 3  # communities (lazy, checkpoint every 3 epochs) is killed in the middle of it
-SUPERVISOR, BATCH = "falkirk_streams_supervisor", "falkirk_batch_popularity"
+SUPERVISOR, BATCH = names.streams("reference"), names.batch("reference", "popularity")
 KILLED_REGION = "communities"
 AIRFLOW_USER = "admin"  # bin/airflow's SimpleAuthManager user; its password is generated
 TERMINAL = ("success", "failed", "skipped", "upstream_failed", "removed")

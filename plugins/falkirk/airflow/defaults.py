@@ -1,7 +1,7 @@
-"""What every falkirk DAG shares: default args, tags and the rollback DAG's params.
+"""What every falkirk DAG shares: default args, tags and the rollback DAGs' params.
 
-The params' enums come from the pipeline declarations, so Airflow itself refuses an
-unknown pipeline or region (in the trigger form, the REST API and ``dags test``) before
+The params' enums come from the pipeline declaration, so Airflow itself refuses an
+unknown region (in the trigger form, the REST API and ``dags test``) before
 any task runs.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from falkirk.model.topology import declared, load_pipeline
+from falkirk.model.topology import Pipeline
 
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "falkirk",
@@ -22,29 +22,20 @@ DEFAULT_ARGS: dict[str, Any] = {
 TAGS = ["falkirk"]
 
 
-def pipeline_names() -> list[str]:
-    """Declared pipelines (schemas/pipelines/*.yaml), sorted."""
-    return list(declared())
-
-
-def all_regions() -> list[str]:
-    """Every region of every declared pipeline, sorted (the plan task narrows it)."""
-    return sorted({r for name in declared() for r in load_pipeline(name).regions})
-
-
-def rollback_params() -> dict[str, Param]:
-    """The rollback DAG's params, validated by Airflow's JSON schema before a run starts."""
-    pipelines = pipeline_names()
+def rollback_params(pipeline: Pipeline) -> dict[str, Param]:
+    """A pipeline's rollback DAG's params, validated by Airflow's JSON schema before a run
+    starts: its name is fixed, its regions are the enum."""
+    regions = list(pipeline.regions)
     return {
         "pipeline": Param(
-            pipelines[0] if pipelines else None, type="string", enum=pipelines,
-            title="Pipeline", description="The declared pipeline to roll back."),
+            pipeline.name, type="string", enum=[pipeline.name],
+            title="Pipeline", description="The declared pipeline this DAG rolls back."),
         "failed_regions": Param(
             # examples: the trigger form offers a multi-select of them (an array param
             # without examples or a top-level enum gets a textarea); items.enum is what
             # Airflow validates against
             [], type="array", minItems=1, uniqueItems=True,
-            items={"type": "string", "enum": all_regions()}, examples=all_regions(),
+            items={"type": "string", "enum": regions}, examples=regions,
             title="Regions",
             description="The regions that failed (pick one or more). With 'to_epoch': "
                         "exactly one region, the one to take back on purpose."),

@@ -2,7 +2,7 @@
 resume → validate.
 
 Each step is a plain function of the run's params and the earlier steps' XComs, wired in
-dags/falkirk_rollback.py. The work is falkirk's own: RollbackExecutor plans and carries
+falkirk.airflow.factory.rollback_dag. The work is falkirk's own: RollbackExecutor plans and carries
 out the rollback, procs stops and starts the jobs.
 """
 

@@ -1,0 +1,12 @@
+"""The DAGs of every declared pipeline: wiring only (falkirk.airflow.factory builds them).
+
+Per pipeline p: falkirk_p_streams, falkirk_p_batch_<region> per batch region,
+falkirk_p_rollback and falkirk_p_gc. Pipelines are found in $FALKIRK_PIPELINES, then in
+schemas/pipelines; `falkirk pipelines` says why one gets no DAGs.
+"""
+
+from __future__ import annotations
+
+from falkirk.airflow.factory import declared_dags
+
+globals().update(declared_dags())

@@ -1,0 +1,261 @@
+"""DAGs generated for every declared pipeline (wiring only; the steps live beside this).
+
+For a pipeline ``p`` (found in ``$FALKIRK_PIPELINES`` or ``schemas/pipelines``):
+
+- ``falkirk_p_streams``: start, watch and recover its streaming jobs, and check their
+  epochs (only when it has regions that are not batch);
+- ``falkirk_p_batch_<region>``: one run per epoch of each batch region;
+- ``falkirk_p_rollback``: roll it back (its regions in the params; dry run by default);
+- ``falkirk_p_gc``: garbage collection by low watermark.
+
+``dags/falkirk_pipelines.py`` only calls :func:`declared_dags`, so a new pipeline folder
+shows up in Airflow with no DAG file written or copied.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG
+
+from falkirk.airflow import batch, checks_tasks, names, streams, supervisor
+from falkirk.airflow import rollback_tasks as steps
+from falkirk.airflow.defaults import DEFAULT_ARGS, TAGS, rollback_params
+from falkirk.airflow.maintenance import collect_garbage
+from falkirk.errors import FalkirkError
+from falkirk.model.topology import Pipeline, declared, load_pipeline
+
+log = logging.getLogger(__name__)
+
+STREAMS_DOC = """
+# Streams: the `{p}` pipeline's streaming jobs
+
+Runs continuously (one run after another) while unpaused. Jobs: {jobs}.
+
+1. **start_streams** starts every streaming job that is not running and has not finished
+   (a job whose input ended stays finished), each as its own `spark-submit` process group
+   (logs under `var/log/`).
+2. **watch** checks every 30 s (reschedule mode: no worker slot held in between) whether
+   a job died, and ends when one did. A job stopped by a rollback run (`{rollback}`
+   pauses the streams) is not a death. When every job finished because its input ended,
+   watch goes on waiting: pause the DAG to stop supervising.
+3. **recover** rolls back the dead job's regions (as failed) with falkirk's
+   RollbackExecutor, then restarts the jobs it stopped. Its plan appears in the run's
+   **Rollback plan** tab.
+4. **data_checks** (beside watch) runs `falkirk validate` every 30 s: every newly
+   committed epoch of every output table against its expectation suite, plus the
+   pipeline's cross-region invariants. A failing epoch is quarantined: readers hold back
+   and fall back to the last good epoch. The task then fails and says why (results also
+   in the `checks` table, `falkirk validate` and GX Data Docs under `var/checks/`), or,
+   with `checks: {{on_failure: rollback}}` in the pipeline settings, **trigger_rollback**
+   starts `{rollback}` for that region back to its last good epoch.
+
+No params. Pause this DAG to stop supervising (the jobs keep running).
+"""
+
+BATCH_DOC = """
+# Batch epochs: `{r}` of the `{p}` pipeline
+
+One run per epoch. Epochs are event-time windows of the pipeline settings
+(`epoch_seconds`, `origin_ms` in `{source}`): the run whose data interval starts at
+`origin + k × epoch_seconds` computes epoch *k*; catchup runs the epochs one after
+another (`FALKIRK_BATCH_EPOCHS`, default 10, bounds how many).
+
+- **{r}**: `spark-submit {job} --pipeline {p} --epoch k` on the `spark_default`
+  connection. The job waits for the epoch's inputs (up to 10 minutes) and writes the
+  epoch's outputs exactly once, so clearing a run reruns its epoch safely. The epoch
+  number is in the task's *Rendered Templates*.
+- **check_committed**: fails unless the epoch log shows the epoch committed.
+- **data_checks**: `falkirk validate --epoch k --region {r}`: the suites of the region's
+  tables on exactly the epoch's Delta version. A failing epoch is quarantined (readers
+  keep using the last good epoch) and the task fails, naming the expectation and the
+  observed value. With `checks: {{on_failure: rollback}}` in the pipeline settings it
+  instead hands a rollback request (`to_epoch` = the last good epoch) to
+  **trigger_rollback**, which starts `{rollback}`.
+
+No params. A rollback that invalidates epochs of `{r}` reruns them itself; clearing the
+runs of those epochs here does the same.
+"""
+
+ROLLBACK_DOC = """
+# Roll the `{p}` pipeline back
+
+Trigger this DAG (▶ *Trigger*) to recover after a failure, or to take a region back on
+purpose (a bad deploy). Airflow checks the form before anything runs; then:
+
+1. **plan** solves, from the epoch log, the frontier every region restores to. It
+   changes nothing. The plan appears in the run's **Rollback plan** tab (a table of
+   regions with their current epoch and chosen frontier, and the region graph coloured
+   by regime) and in the plan task's log and XCom.
+2. **carry_on** ends the run here when *Dry run* is ticked (the default).
+3. **pause_streams** stops the streaming jobs hosting affected regions.
+4. **roll_back** restores their Delta tables and checkpoints and invalidates the later
+   epochs in the epoch log (falkirk's RollbackExecutor; a crashed rollback resumes). It
+   carries out exactly the plan shown, or refuses with what changed since.
+5. **rerun_and_replay** restarts the stopped streams (they replay from their frontier)
+   and reruns the batch epochs the rollback invalidated.
+6. **resume** lifts the pause and checks the restarted streams run.
+7. **validate** checks the epoch log shows every affected region at or past its frontier.
+
+Only one rollback runs at a time.
+
+## Params
+- **Pipeline**: `{p}` (one rollback DAG per declared pipeline).
+- **Regions**: the regions of `{p}` ({regions}). After a failure: the regions whose jobs
+  died (the solver finds what else must follow). With *Back to epoch*: exactly one region.
+- **Back to epoch** (optional): an epoch number ≥ -1 to take the region back to on
+  purpose; -1 means "before the first epoch". An epoch the region has not reached is
+  refused. Leave it empty after a failure.
+- **Dry run** (default on): only show the plan. Untick it to carry the rollback out.
+- **Reason** (required): why; recorded with the rollback in the epoch log.
+"""
+
+GC_DOC = """
+# Garbage collection of the `{p}` pipeline
+
+Hourly: compute every region's low watermark (how far back any future failure could take
+it), then drop what no rollback can need: checkpoints older than the newest one at or
+below the watermark, rows of logged Delta edges the receiver has passed, Kafka offsets
+acknowledged for the input topics, and Delta files no retained version uses (vacuum keeps
+files younger than an hour, so a writer in the middle of a commit is safe). The task's
+XCom is the report.
+
+No params. `falkirk gc --pipeline {p}` (a dry run by default) shows the same report
+without applying it.
+"""
+
+
+def streams_dag(pipeline: Pipeline) -> DAG:
+    p = pipeline.name
+    jobs = streams.stream_jobs(pipeline)
+    doc = STREAMS_DOC.format(p=p, rollback=names.rollback(p), jobs=", ".join(
+        f"`{job}` ({', '.join(regions)})" for job, regions in sorted(jobs.items())))
+    with DAG(
+        dag_id=names.streams(p),
+        description=f"Start, watch and recover the streaming jobs of {p}",
+        doc_md=doc,
+        schedule="@continuous",
+        start_date=datetime(2024, 1, 1, tzinfo=UTC),  # without one, @continuous reuses a date
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        tags=[*TAGS, "streams", p],
+    ) as dag:
+        start = PythonOperator(task_id="start_streams", python_callable=supervisor.start,
+                               op_kwargs={"pipeline": p})
+        watch = supervisor.StreamsSensor(task_id="watch", pipeline=p,
+                                         timeout=timedelta(hours=12).total_seconds(),
+                                         soft_fail=True)
+        recover = PythonOperator(task_id="recover", python_callable=supervisor.recover,
+                                 op_kwargs={"pipeline": p})
+        checks = checks_tasks.EpochChecksSensor(task_id="data_checks", pipeline=p,
+                                                timeout=timedelta(hours=12).total_seconds())
+        trigger = TriggerDagRunOperator.partial(
+            task_id="trigger_rollback", trigger_dag_id=names.rollback(p),
+        ).expand(conf=checks.output)
+        start >> watch >> recover
+        start >> checks >> trigger
+    return dag
+
+
+def batch_dag(pipeline: Pipeline, region: str) -> DAG:
+    p = pipeline.name
+    doc = BATCH_DOC.format(p=p, r=region, rollback=names.rollback(p),
+                           source=pipeline.source or "the pipeline declaration",
+                           job=pipeline.regions[region].job)
+    with DAG(
+        dag_id=names.batch(p, region),
+        description=f"One {region} run per epoch of {p} (data interval = epoch window)",
+        doc_md=doc,
+        catchup=True,
+        max_active_runs=1,  # epochs in order: each waits for its input anyway
+        default_args=DEFAULT_ARGS,
+        user_defined_macros=batch.macros(p),
+        tags=[*TAGS, "batch", p],
+        **batch.schedule(p),
+    ) as dag:
+        run = SparkSubmitOperator(task_id=region, **batch.submit_kwargs(p, region))
+        check = PythonOperator(task_id="check_committed", python_callable=batch.verify_committed,
+                               op_kwargs={"pipeline": p, "region": region})
+        checks = PythonOperator(task_id="data_checks",
+                                python_callable=checks_tasks.check_batch_epoch,
+                                op_kwargs={"pipeline": p, "region": region})
+        trigger = TriggerDagRunOperator.partial(
+            task_id="trigger_rollback", trigger_dag_id=names.rollback(p),
+        ).expand(conf=checks.output)
+        run >> check >> checks >> trigger
+    return dag
+
+
+def rollback_dag(pipeline: Pipeline) -> DAG:
+    p = pipeline.name
+    with DAG(
+        dag_id=names.rollback(p),
+        description=f"Roll {p} back to a consistent frontier (dry run by default)",
+        doc_md=ROLLBACK_DOC.format(p=p, regions=", ".join(pipeline.regions)),
+        schedule=None,
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=False,  # manual only: ready to trigger from the UI or the API
+        default_args=DEFAULT_ARGS,
+        params=rollback_params(pipeline),
+        tags=[*TAGS, "rollback", p],
+        render_template_as_native_obj=True,
+    ) as dag:
+        plan = PythonOperator(task_id="plan", python_callable=steps.plan, retries=0)
+        carry_on = ShortCircuitOperator(task_id="carry_on", python_callable=steps.carry_on)
+        pause = PythonOperator(task_id="pause_streams", python_callable=steps.pause_streams)
+        roll_back = PythonOperator(task_id="roll_back", python_callable=steps.roll_back)
+        rerun = PythonOperator(task_id="rerun_and_replay",
+                               python_callable=steps.rerun_and_replay)
+        resume = PythonOperator(task_id="resume", python_callable=steps.resume)
+        validate = PythonOperator(task_id="validate", python_callable=steps.validate)
+        plan >> carry_on >> pause >> roll_back >> rerun >> resume >> validate
+    return dag
+
+
+def gc_dag(pipeline: Pipeline) -> DAG:
+    p = pipeline.name
+    with DAG(
+        dag_id=names.gc(p),
+        description=f"Low watermarks of {p}; drop checkpoints, logged rows, offsets, files",
+        doc_md=GC_DOC.format(p=p),
+        schedule="@hourly",
+        start_date=datetime(2024, 1, 1, tzinfo=UTC),
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        tags=[*TAGS, "maintenance", p],
+    ) as dag:
+        PythonOperator(task_id="collect_garbage", python_callable=collect_garbage,
+                       op_kwargs={"pipeline": p})
+    return dag
+
+
+def pipeline_dags(pipeline: Pipeline) -> dict[str, DAG]:
+    """Every DAG of one pipeline, by id."""
+    dags = [rollback_dag(pipeline), gc_dag(pipeline)]
+    if streams.stream_jobs(pipeline):
+        dags.append(streams_dag(pipeline))
+    dags += [batch_dag(pipeline, r) for r, spec in pipeline.regions.items()
+             if spec.regime == "batch"]
+    return {d.dag_id: d for d in dags}
+
+
+def declared_dags() -> dict[str, DAG]:
+    """The DAGs of every declared pipeline that loads. A pipeline that does not load gets
+    no DAGs and a logged error naming its file (``falkirk pipelines`` lists them), so
+    one broken declaration does not take the others out of Airflow."""
+    dags: dict[str, DAG] = {}
+    for name, path in declared().items():
+        try:
+            pipeline = load_pipeline(path)  # validated, its files checked
+        except FalkirkError as exc:
+            log.error("pipeline %s (%s) gets no DAGs: %s", name, path, exc)
+            continue
+        dags.update(pipeline_dags(pipeline))
+    return dags

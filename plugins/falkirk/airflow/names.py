@@ -1,0 +1,26 @@
+"""The ids of the DAGs falkirk generates for a declared pipeline.
+
+No Airflow import here: the demo, the CLI and the tests name DAGs without loading Airflow.
+"""
+
+from __future__ import annotations
+
+
+def streams(pipeline: str) -> str:
+    """Starts, watches and recovers the pipeline's streaming jobs."""
+    return f"falkirk_{pipeline}_streams"
+
+
+def batch(pipeline: str, region: str) -> str:
+    """One run per epoch of a batch region."""
+    return f"falkirk_{pipeline}_batch_{region}"
+
+
+def rollback(pipeline: str) -> str:
+    """Rolls the pipeline back to a consistent frontier (dry run by default)."""
+    return f"falkirk_{pipeline}_rollback"
+
+
+def gc(pipeline: str) -> str:
+    """Garbage collection by low watermark."""
+    return f"falkirk_{pipeline}_gc"
