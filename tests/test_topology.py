@@ -151,6 +151,41 @@ def test_a_job_beside_the_declaration_is_found_there_before_the_checkout(tmp_pat
     assert pipe.schema_roots == (tmp_path / "schemas",)
 
 
+def test_invariants_are_a_file_the_declaration_names_and_loads_by_region(tmp_path):
+    """A pipeline's cross-region checks come from its own file: a missing file is refused
+    at load, a region the pipeline lacks is refused when the checks load, and a pipeline
+    that declares none has none (nothing is looked up by pipeline name)."""
+    import yaml
+
+    from falkirk.quality.invariants import CheckError, load_invariants
+
+    assert load_invariants(Pipeline.from_dict(SMALL)) == {}
+    with pytest.raises(TopologyError, match="invariants: expected the path of a Python file"):
+        Pipeline.from_dict({**SMALL, "invariants": "checks.txt"})
+    data = {**copy.deepcopy(SMALL), "invariants": "mine/invariants.py"}
+    (tmp_path / "schemas" / "tables").mkdir(parents=True)
+    for e in data["edges"].values():
+        if e["kind"] == "delta":
+            (tmp_path / "schemas" / "tables" / f"{e['table']}.json").write_text(
+                json.dumps({"fields": [{"name": "epoch", "type": "int64"}]}))
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(TopologyError, match="invariants file mine/invariants.py not found"):
+        Pipeline.load(path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "invariants.py").write_text(
+        "def totals_match(v, row, logs):\n    return 't', True, {}, [], 1\n\n"
+        "INVARIANTS = {'stats': [totals_match]}\n")
+    pipe = Pipeline.load(path)
+    [(name, fn)] = load_invariants(pipe)["stats"]
+    assert name == "totals_match" and fn(None, None, None) == ("t", True, {}, [], 1)
+    (tmp_path / "mine" / "other.py").write_text("INVARIANTS = {'nowhere': []}\n")
+    data["invariants"] = "mine/other.py"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(CheckError, match=r"names regions \['nowhere'\] that pipeline 'small'"):
+        load_invariants(Pipeline.load(path))
+
+
 def test_settings_keep_the_applications_own_keys():
     p = Pipeline.from_dict(SMALL)
     assert p.settings["top_n"] == 5 and p.settings["epoch_seconds"] == 10

@@ -52,7 +52,7 @@ def epoch_of(pipeline_name: str, data_interval_start: datetime) -> int:
 
 def schedule(pipeline_name: str) -> dict[str, Any]:
     """timetable, start_date and end_date for one run per epoch (FALKIRK_BATCH_EPOCHS of
-    them, default 10): the reference origin is fixed in the past, so catchup runs them."""
+    them, default 10): an origin in the past makes catchup run them one after another."""
     pipeline = load_pipeline(pipeline_name)
     epochs = int(os.environ.get("FALKIRK_BATCH_EPOCHS", DEFAULT_EPOCHS))
     start = origin(pipeline)

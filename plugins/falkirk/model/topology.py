@@ -110,6 +110,7 @@ class Pipeline:
     edges: dict[str, EdgeSpec]
     settings: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     source: str = ""
+    invariants: str = ""  # a file of cross-region checks (falkirk.quality.invariants)
 
     def in_edges(self, region: str) -> list[EdgeSpec]:
         return [e for e in self.edges.values() if e.dst == region]
@@ -156,7 +157,7 @@ class Pipeline:
 
     def job_path(self, job: str) -> Path:
         """A job entry point as declared: relative to the declaration's folder, else to the
-        falkirk checkout (where the reference pipeline's jobs live)."""
+        falkirk checkout (where the pipelines of schemas/pipelines keep theirs)."""
         if Path(job).is_absolute():
             return Path(job)
         dirs = self._job_dirs()
@@ -172,6 +173,10 @@ class Pipeline:
                 where = " and ".join(str(d) for d in self._job_dirs())
                 raise TopologyError(f"{self.source}: region {spec.name!r}: job file "
                                     f"{spec.job} not found (looked in {where})")
+        if self.invariants and not self.job_path(self.invariants).is_file():
+            where = " and ".join(str(d) for d in self._job_dirs())
+            raise TopologyError(f"{self.source}: invariants file {self.invariants} not found "
+                                f"(looked in {where})")
         for e in self.edges.values():
             if (e.kind == "delta" and e.src is not None
                     and find("tables", e.table_schema, self.schema_roots) is None):
@@ -187,7 +192,7 @@ class Pipeline:
 
         if not isinstance(raw, dict):
             raise fail("top level", "expected a mapping with pipeline, regions and edges")
-        extra = set(raw) - {"pipeline", "regions", "edges", "settings"}
+        extra = set(raw) - {"pipeline", "regions", "edges", "settings", "invariants"}
         if extra:
             raise fail("top level", f"unknown keys {sorted(extra)}")
         name = raw.get("pipeline")
@@ -296,7 +301,10 @@ class Pipeline:
             settings = PipelineSettings.model_validate(raw_settings)
         except ValidationError as exc:
             raise TopologyError(f"{origin}: {_settings_error(exc)}") from None
-        pipeline = cls(name, regions, edges, settings.model_dump(), origin)
+        invariants = raw.get("invariants") or ""
+        if not isinstance(invariants, str) or (invariants and not invariants.endswith(".py")):
+            raise fail("invariants", f"expected the path of a Python file, got {invariants!r}")
+        pipeline = cls(name, regions, edges, settings.model_dump(), origin, invariants)
         pipeline._check_cycles(fail)
         return pipeline
 

@@ -30,19 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from falkirk.config import REPO_ROOT, Config
-from falkirk.errors import FalkirkError
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
-from falkirk.model.times import Offsets
 from falkirk.model.topology import Pipeline
+from falkirk.quality.invariants import SAMPLE, CheckError, load_invariants
 
 log = logging.getLogger(__name__)
 
 SUITES_DIR = REPO_ROOT / "schemas" / "expectations"
-SAMPLE = 5  # offending rows or values kept per failed check
-
-
-class CheckError(FalkirkError):
-    """A suite file or a check cannot be run as written."""
 
 
 @dataclass
@@ -201,8 +195,7 @@ class Validator:
         self.docs_dir = Path(cfg.var_dir) / "checks" / pipeline.name / "data_docs"
         self._suites: Suites | None = None
         self._docs = docs
-        self.invariants: dict[str, list[tuple[str, Callable]]] = INVARIANTS.get(
-            pipeline.name, {})
+        self.invariants: dict[str, list[tuple[str, Callable]]] = load_invariants(pipeline)
 
     @property
     def suites(self) -> Suites:
@@ -417,144 +410,3 @@ class Report:
             "rollbacks": self.rollbacks,
             "data_docs": None if self.docs is None else str(self.docs),
         }
-
-
-# ---- cross-region invariants of the reference pipeline -------------------------------
-# Each returns (table judged, success, observed, sample, version).
-
-
-def _output(row: EpochRecord, edge: str) -> tuple[str, int]:
-    out = (row.outputs or {}).get(edge)
-    if not out:
-        raise CheckError(f"{row.region} epoch {row.epoch}: the epoch log has no output "
-                         f"version for edge {edge!r}")
-    return out["table"], out["version"]
-
-
-def _epoch_rows(v: Validator, table: str, version: int, epoch: int | None = None,
-                through: bool = False):
-    from pyspark.sql import functions as F
-
-    from falkirk.io.delta import read_version
-
-    df = read_version(v.spark, v.cfg.table(table), version, v.cfg.delta_storage_options or None)
-    if epoch is None:
-        return df
-    return df.filter(F.col("epoch") <= epoch if through else F.col("epoch") == epoch)
-
-
-def _read_input(v: Validator, row: EpochRecord, edge: str):
-    """The exact Kafka records the region read for this epoch (its logged offset range)."""
-    from falkirk.io.kafka import read_range
-    from falkirk.runtime.runner import record_ddl
-
-    rng = (row.inputs or {}).get(edge)
-    if not rng or "from" not in rng:
-        raise CheckError(f"{row.region} epoch {row.epoch}: the epoch log has no offset range "
-                         f"for input {edge!r}")
-    topic = v.pipeline.edges[edge].topic
-    try:
-        return read_range(v.spark, v.cfg.kafka_bootstrap, topic, Offsets(rng["from"]),
-                          Offsets(rng["to"]), record_ddl(topic, v.pipeline.schema_roots))
-    except Exception as err:
-        raise CheckError(f"cannot read topic {topic!r} at {v.cfg.kafka_bootstrap} to check "
-                         f"{row.region} epoch {row.epoch}: {err}") from err
-
-
-def _settings(v: Validator) -> tuple[int, int]:
-    s = v.pipeline.settings
-    return int(s["origin_ms"]), int(s["epoch_seconds"] * 1000)
-
-
-def events_conserved(v: Validator, row: EpochRecord, logs) -> tuple:
-    """Records ingest read = valid events + dead letters committed for the epoch."""
-    from falkirk.runtime.runner import load_job
-
-    ingest = load_job("jobs/ingest.py")
-    raw = _read_input(v, row, "events").cache()
-    read = raw.count()
-    valid = ingest.validate(raw, row.epoch, *_settings(v))[0].count()
-    table, version = _output(row, "dead_letters")
-    dead = _epoch_rows(v, table, version, row.epoch).filter("source = 'events'").count()
-    raw.unpersist()
-    observed = {"read": read, "valid": valid, "dead_lettered": dead}
-    return table, read == valid + dead, observed, [], version
-
-
-def purchases_conserved(v: Validator, row: EpochRecord, logs) -> tuple:
-    """Purchases committed for the epoch = valid purchase events of the epoch."""
-    from pyspark.sql import functions as F
-
-    from falkirk.runtime.runner import load_job
-
-    ingest = load_job("jobs/ingest.py")
-    events = ingest.validate(_read_input(v, row, "events"), row.epoch, *_settings(v))[0]
-    expected = events.filter(F.col("kind") == "purchase").count()
-    table, version = _output(row, "purchases")
-    got = _epoch_rows(v, table, version, row.epoch).agg(F.sum("purchases")).first()[0] or 0
-    return table, expected == got, {"purchase_events": expected, "purchases": got}, [], version
-
-
-def queries_answered_once(v: Validator, row: EpochRecord, logs) -> tuple:
-    """Every valid query of the epoch counted once per dimension in query_stats."""
-    from pyspark.sql import functions as F
-
-    from falkirk.runtime.runner import load_job
-
-    serve_row = next((r for r in logs["serve"].entries.values() if r.epoch == row.epoch), None)
-    if serve_row is None:
-        raise CheckError(f"stats epoch {row.epoch}: serve has no row for that epoch")
-    serve = load_job("jobs/serve.py")
-    queries = serve.validate_queries(_read_input(v, serve_row, "queries"), row.epoch)[0]
-    expected = queries.select("query_id", "user_id").distinct().count()
-    table, version = _output(row, "query_stats")
-    counts = {r["dimension"]: r["n"] for r in _epoch_rows(v, table, version, row.epoch)
-              .groupBy("dimension").agg(F.sum("answered").alias("n")).collect()}
-    bad = {d: n for d, n in counts.items() if n != expected}
-    ok = not bad and (expected == 0 or set(counts) == {"community", "category"})
-    return table, ok, {"queries": expected, "answered": counts}, [], version
-
-
-def running_totals(v: Validator, row: EpochRecord, logs) -> tuple:
-    """Each total in query_stats = the sum of its per-epoch counts through the epoch."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    table, version = _output(row, "query_stats")
-    df = _epoch_rows(v, table, version, row.epoch, through=True)
-    w = Window.partitionBy("dimension", "value").orderBy("epoch")
-    bad = (df.withColumn("summed", F.sum("answered").over(w))
-           .filter((F.col("epoch") == row.epoch) & (F.col("summed") != F.col("total")))
-           .select("dimension", "value", "answered", "total", "summed").limit(SAMPLE)
-           .collect())
-    return table, not bad, {"mismatches": len(bad)}, [r.asDict() for r in bad], version
-
-
-def labels_cover_users(v: Validator, row: EpochRecord, logs) -> tuple:
-    """Every user seen in interactions through the epoch has a label <= its node id."""
-    from pyspark.sql import functions as F
-
-    ingest_row = next((r for r in logs["ingest"].entries.values() if r.epoch == row.epoch),
-                      None)
-    if ingest_row is None:
-        raise CheckError(f"communities epoch {row.epoch}: ingest has no row for that epoch")
-    itable, iversion = _output(ingest_row, "interactions")
-    users = _epoch_rows(v, itable, iversion, row.epoch, through=True).select("user_id").distinct()
-    table, version = _output(row, "user_community")
-    labels = _epoch_rows(v, table, version, row.epoch)
-    bad = (users.join(labels, "user_id", "left")
-           .filter(F.col("label").isNull() | (F.col("label") > F.col("user_id") * 2))
-           .select("user_id", "label").limit(SAMPLE).collect())
-    n = users.count()
-    return table, not bad, {"users": n, "bad": len(bad)}, [r.asDict() for r in bad], version
-
-
-INVARIANTS: dict[str, dict[str, list[tuple[str, Callable]]]] = {
-    "reference": {
-        "ingest": [("events_conserved", events_conserved),
-                   ("purchases_conserved", purchases_conserved)],
-        "communities": [("labels_cover_users", labels_cover_users)],
-        "stats": [("queries_answered_once", queries_answered_once),
-                  ("running_totals", running_totals)],
-    },
-}

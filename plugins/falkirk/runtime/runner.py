@@ -644,12 +644,14 @@ def name_spark_jobs(spark: Any, pipeline: str, regions: set[str] | list[str], ep
 def load_job(job: str | Path) -> ModuleType:
     """A job entry point (``jobs/<name>.py``, relative to the checkout, or a path from
     ``Pipeline.job_path``) as a module: jobs are scripts, not a package."""
+    import hashlib
     import importlib.util
 
     from falkirk.config import REPO_ROOT
 
-    path = REPO_ROOT / job
-    name = f"falkirk_job_{path.stem}"
+    path = (REPO_ROOT / job).resolve()
+    # keyed by the file, not its name: two pipelines may both have a jobs/ingest.py
+    name = f"falkirk_job_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -696,8 +698,8 @@ def parser(logic: JobLogic) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=type(logic).__name__,
         description=f"Run region(s) {', '.join(logic.regions)} epoch by epoch.")
-    p.add_argument("--pipeline", default="reference",
-                   help="declared pipeline name or declaration file (default: reference)")
+    p.add_argument("--pipeline", required=True,
+                   help="declared pipeline name or declaration file")
     p.add_argument("--until-epoch", type=int,
                    help="stop after this epoch (default: run until the input ends)")
     p.add_argument("--epoch", type=int,
@@ -709,7 +711,7 @@ def parser(logic: JobLogic) -> argparse.ArgumentParser:
 
 
 def main(logic: JobLogic, argv: list[str] | None = None) -> int:
-    """Run a job: ``spark-submit jobs/<job>.py --pipeline reference [--until-epoch N]``."""
+    """Run a job: ``spark-submit jobs/<job>.py --pipeline NAME [--until-epoch N]``."""
     from falkirk.io.spark import session
     from falkirk.model.topology import load_pipeline
 
