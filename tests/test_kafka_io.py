@@ -111,7 +111,7 @@ def test_an_end_of_stream_marker_in_a_range_is_never_handed_to_a_job(spark, brok
     send(broker.bootstrap, "kio-eos", [b'{"id":"a"}', b'{"id":"b"}'])
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
     # a marker is known by its key (its far-future timestamp needs a topic setting, see
-    # falkirk_dev.generate.TOPIC_CONFIGS, that this topic does not have)
+    # falkirk.io.kafka.TOPIC_CONFIGS, that this topic does not have)
     producer.send("kio-eos", key=EOS_KEY, value=b"", partition=0,
                   timestamp_ms=1_704_067_200_000 + 2).get(timeout=30)
     producer.flush()

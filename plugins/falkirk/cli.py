@@ -276,6 +276,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         console.print("nothing to check: every committed epoch has been checked (--epoch N "
                       "checks one again)")
+    unsuited = sorted(set(validator.tables) - set(validator.suite_files()))
+    if unsuited and (validator.suite_files() or validator.invariants):
+        console.print(f"no expectation suite for table(s) {', '.join(unsuited)} (only "
+                      f"invariants check them; a suite goes in schemas/expectations/<table>"
+                      f".json beside the declaration)")
     for region, epoch in report.quarantined:
         console.print(f"[red]quarantined[/red] {region} epoch {epoch}: readers hold back; "
                       f"roll back to the last good epoch and rerun to release it")
@@ -286,6 +291,81 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if report.failures else 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    """Write a small working pipeline (falkirk.local's template) into a new folder."""
+    import re
+    import shutil
+
+    target = Path(args.dir)
+    name = target.resolve().name
+    if not re.match(r"^[a-z][a-z0-9_]*$", name):
+        raise CliError(f"{target}: the folder's name is the pipeline's name and must be a "
+                       f"lower-case identifier (got {name!r})")
+    if target.exists() and any(target.iterdir()):
+        raise CliError(f"{target}: exists and is not empty; nothing was written")
+    template = Path(__file__).resolve().parent / "local" / "template"
+    shutil.copytree(template, target, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    declaration = target / "pipeline.yaml"
+    declaration.write_text(declaration.read_text().replace("__PIPELINE__", name))
+    (target / ".gitignore").write_text(".falkirk/\n__pycache__/\n")
+    print(f"wrote pipeline {name!r} in {target}:")
+    for path in sorted(p for p in target.rglob("*") if p.is_file()):
+        print(f"  {path.relative_to(target)}")
+    print(f"next: falkirk run {target}   (docs/guide.md walks through the rest)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a pipeline folder on the embedded defaults: its own broker and lake under
+    <dir>/.falkirk/run (made anew), its input from <dir>/input/<topic>.jsonl."""
+    import shutil
+    import time
+
+    from falkirk.io.lake import read_table
+    from falkirk.local.run import LocalRun
+    from falkirk.model.topology import load_pipeline
+
+    folder = Path(args.dir).resolve()
+    declaration = folder if folder.suffix in (".yaml", ".yml") else folder / "pipeline.yaml"
+    pipeline = load_pipeline(declaration)  # refused here, before anything starts
+    folder = declaration.parent
+    root = folder / ".falkirk" / "run"
+    if root.exists():
+        shutil.rmtree(root)
+    with LocalRun(root, declaration) as run:
+        print(f"broker {run.cfg.kafka_bootstrap}, lake {run.cfg.lake}")
+        sent = run.produce_files(folder / "input")
+        print("input: " + ", ".join(f"{n} records to {t}" for t, n in sent.items()))
+        run.start()
+        for job in run.procs:
+            print(f"started {job} (log {run.log_file(job)})")
+        def committed() -> dict[str, int]:
+            return {region: len([r for r in rlog.entries.values()
+                                 if r.status in ("committed", "checkpointed")])
+                    for region, rlog in run.log.regions(pipeline).items()}
+
+        deadline, seen = time.monotonic() + args.timeout, committed()
+        while any(p.poll() is None for p in run.procs.values()):  # progress as epochs commit
+            if time.monotonic() > deadline:
+                break  # run.wait below names the job still running
+            time.sleep(3)
+            now = committed()
+            if now != seen:
+                print("epochs committed: " + ", ".join(f"{r} {n}" for r, n in now.items()))
+                seen = now
+        codes = run.wait(timeout_s=max(1.0, deadline - time.monotonic()), progress=print)
+        for region, n in committed().items():
+            print(f"region {region:16} {pipeline.regions[region].regime:9} epochs committed: "
+                  f"{n}")
+        for table in sorted({e.table for e in pipeline.edges.values()
+                             if e.kind == "delta" and e.src is not None}):
+            print(f"table  {table:20} {read_table(run.cfg.table(table)).num_rows} rows")
+    failed = {job: code for job, code in codes.items() if code != 0}
+    if failed:
+        raise CliError("job(s) failed: " + ", ".join(
+            f"{job} (exit {code}, log {run.log_file(job)})" for job, code in failed.items()))
+    return 0
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
@@ -367,6 +447,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until-epoch", type=int, help="with --follow: stop once every checked "
                    "region passed this epoch")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("init", help="write a small working pipeline (3 regions, 3 regimes, "
+                       "a Kafka input, Delta outputs, a suite, invariants, tests) into DIR")
+    p.add_argument("dir", help="a new folder; its name is the pipeline's name")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("run", help="run a pipeline folder on the embedded defaults (its own "
+                       "Kafka broker and lake under DIR/.falkirk/run; input from DIR/input/)")
+    p.add_argument("dir", help="the pipeline's folder (or its YAML file)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the jobs")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("pipelines", help="the declared pipelines ($FALKIRK_PIPELINES, then "
                        "schemas/pipelines), each checked: its jobs, schemas and settings")

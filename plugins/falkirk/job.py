@@ -2,13 +2,14 @@
 
 A job module defines pure transforms and a :class:`JobLogic`, and ends with
 ``main(Logic())``; everything else (reading an epoch's inputs, writing its outputs exactly
-once, state, the epoch log) is the runtime's. Jobs import from here only, so the framework's
-modules can move without breaking a user's pipeline.
+once, state, the epoch log) is the runtime's. ``session`` and ``load_job`` serve a job's
+unit tests. Jobs import from here only, so the framework's modules can move without
+breaking a user's pipeline.
 """
 
-from falkirk.io.spark import conform, dead_letters
+from falkirk.io.spark import conform, dead_letters, session
 from falkirk.model.schemas import arrow_schema, ddl
-from falkirk.runtime.runner import EpochContext, EpochResult, JobLogic, main
+from falkirk.runtime.runner import EpochContext, EpochResult, JobLogic, load_job, main
 
 __all__ = ["EpochContext", "EpochResult", "JobLogic", "main", "conform", "dead_letters",
-           "arrow_schema", "ddl"]
+           "arrow_schema", "ddl", "session", "load_job"]

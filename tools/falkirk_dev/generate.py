@@ -18,8 +18,8 @@ largest timestamp at or before it on its partition, and a late record is read in
 later epoch than its own and dead-lettered by ingest as ``late``. Late records are only
 placed where that holds (the partition is computed with the producer's own hash).
 
-After the data, :func:`end_of_stream` writes one marker per partition (key
-:data:`EOS_KEY`, empty value, timestamp :data:`EOS_TIMESTAMP_MS`): consumers treat it as
+After the data, :func:`falkirk.io.kafka.end_of_stream` writes one marker per partition (key
+``__falkirk_eos__``, empty value, timestamp 2**62): consumers treat it as
 "this partition has passed every epoch" and never as data.
 """
 
@@ -37,9 +37,7 @@ from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
-# the runtime's end-of-stream marker: later than any epoch; Kafka timestamps are int64 ms
-from falkirk.io.kafka import EOS_KEY
-from falkirk.io.kafka import EOS_TIMESTAMP as EOS_TIMESTAMP_MS
+from falkirk.io.kafka import end_of_stream, ensure_topics
 from falkirk.model.schemas import ddl
 
 Record = tuple[bytes, bytes, int]  # (key, value, timestamp_ms)
@@ -71,10 +69,6 @@ MALFORMED_VARIANTS = (
 # Topic configs: keep every record (input is acknowledged by garbage collection, not
 # deleted by time; generated timestamps may be old), and accept far-future timestamps
 # (the end-of-stream marker; Kafka >= 4.0 rejects CreateTime > now + 1 h by default).
-TOPIC_CONFIGS = {
-    "retention.ms": "-1",
-    "message.timestamp.after.max.ms": str(2**63 - 1),
-}
 
 def category_of(item_id: int, categories: int) -> str:
     """An item's category: a fixed function, so every event of an item agrees."""
@@ -259,35 +253,6 @@ def generate(*args: Any, **kwargs: Any) -> tuple[list[Record], list[Record]]:
 # --- producing to Kafka --------------------------------------------------------------
 
 
-def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
-    """Create the topics that do not exist (with :data:`TOPIC_CONFIGS`).
-
-    An existing topic with another partition count is an error: the ground truth and
-    the late records assume the partitioning the records are produced with.
-    """
-    from kafka import KafkaAdminClient
-    from kafka.errors import TopicAlreadyExistsError
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="falkirk-generate")
-    try:
-        for name, partitions in topics.items():
-            try:
-                admin.create_topics(
-                    {name: {"num_partitions": partitions, "replication_factor": 1,
-                            "configs": TOPIC_CONFIGS}},  # fmt: skip
-                    wait_for_metadata=True,
-                )
-            except TopicAlreadyExistsError:
-                [described] = admin.describe_topics([name])
-                if len(described["partitions"]) != partitions:
-                    raise ValueError(
-                        f"topic {name!r} exists with {len(described['partitions'])} "
-                        f"partitions, not {partitions}"
-                    ) from None
-    finally:
-        admin.close()
-
-
 def produce(
     bootstrap: str,
     topic_events: str,
@@ -336,32 +301,6 @@ def produce(
         meta = future.get(timeout=60)  # raises the send's error, if any
         sent[topic][meta.partition] = sent[topic].get(meta.partition, 0) + 1
     return sent
-
-
-def end_of_stream(bootstrap: str, topic: str) -> int:
-    """Write the end-of-stream marker to every partition of ``topic``; returns how many.
-
-    Key :data:`EOS_KEY`, empty value, timestamp :data:`EOS_TIMESTAMP_MS` = 2**62: a
-    consumer cutting epochs by timestamp sees every epoch of the partition closed, and
-    must never treat the marker as data (ingest drops it before validation).
-    """
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="falkirk-generate",
-                             acks="all")  # fmt: skip
-    try:
-        partitions = sorted(producer.partitions_for(topic))
-        futures = [
-            producer.send(topic, key=EOS_KEY, value=b"", partition=p,
-                          timestamp_ms=EOS_TIMESTAMP_MS)  # fmt: skip
-            for p in partitions
-        ]
-        producer.flush()
-        for f in futures:
-            f.get(timeout=60)
-    finally:
-        producer.close()
-    return len(partitions)
 
 
 # --- ground truth ----------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A local sandbox that runs a whole pipeline: its own broker, lake and process folders.
+"""The test harness: a local run (``falkirk.local.run``) of a pipeline with the reference
+input generated, and every output read back for comparison with a failure-free run.
 
 Used by the integration tests, the fault-injection trials, the benchmarks and the demo,
 so they all run the pipeline the same way: generate input, start every job as its own
@@ -9,60 +10,22 @@ and read every output back for comparison with a failure-free run.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from falkirk.config import Config, load
-from falkirk.errors import FalkirkError
-from falkirk.log.epochlog import EpochLog
-from falkirk.model.topology import Pipeline, load_pipeline
+from falkirk.local.run import CHECKS
+from falkirk.local.run import LocalRun as BaseRun
+from falkirk.model.topology import Pipeline
 
-CHECKS = "checks"  # the validator's entry in LocalRun.procs (settings.checks.hold)
-
-
-class HarnessError(FalkirkError):
-    pass
+__all__ = ["CHECKS", "LocalRun", "compare", "count_sent", "generate_args"]
 
 
-class LocalRun:
-    """One sandboxed run of a pipeline under ``root``."""
+class LocalRun(BaseRun):
+    """One sandboxed run of a pipeline under ``root``, with the reference input and the
+    outputs read back for comparison."""
 
-    def __init__(self, root: Path, pipeline: str = "reference", broker=None):
-        self.root = Path(root)
-        self.pipeline: Pipeline = load_pipeline(pipeline)
-        self._own_broker = broker is None
-        self.broker = broker
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.until_epoch: int | None = None
-
-    # -- lifecycle ----------------------------------------------------------------------
-
-    def __enter__(self) -> LocalRun:
-        from falkirk.local.broker import LocalBroker
-
-        self.root.mkdir(parents=True, exist_ok=True)
-        if self.broker is None:
-            self.broker = LocalBroker(self.root / "broker")
-            self.broker.start()
-        self.cfg: Config = replace(load(), lake=str(self.root / "lake"),
-                                   var_dir=str(self.root / "var"),
-                                   kafka_bootstrap=self.broker.bootstrap)
-        self.env = {"FALKIRK_LAKE": self.cfg.lake, "FALKIRK_VAR_DIR": self.cfg.var_dir,
-                    "FALKIRK_KAFKA_BOOTSTRAP": self.cfg.kafka_bootstrap}
-        self.log = EpochLog.from_config(self.cfg)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop_all()
-        if self._own_broker and self.broker is not None:
-            self.broker.stop()
+    def __init__(self, root: Path, pipeline: str | Path = "reference", broker=None):
+        super().__init__(root, pipeline, broker)
 
     # -- input --------------------------------------------------------------------------
 
@@ -76,133 +39,6 @@ class LocalRun:
         with contextlib.redirect_stdout(io.StringIO()) as out:
             generate.cli(args)
         return json.loads(out.getvalue())
-
-    # -- jobs ---------------------------------------------------------------------------
-
-    @property
-    def jobs(self) -> dict[str, list[str]]:
-        from falkirk.runtime.procs import jobs_of
-
-        return jobs_of(self.pipeline)
-
-    def start(self, jobs: list[str] | None = None, until_epoch: int | None = None) -> None:
-        """Start jobs (default: all) that are not running, each in its own process group."""
-        from falkirk.runtime.procs import start_job
-
-        if until_epoch is not None:
-            self.until_epoch = until_epoch
-        held = bool(self.pipeline.checks_setting("hold"))
-        # Readers of a held pipeline also wait for the validator: give them longer.
-        args = ["--idle-timeout", "1200" if held else "300"]
-        if self.until_epoch is not None:
-            args += ["--until-epoch", str(self.until_epoch)]
-        for job in jobs or list(self.jobs):
-            proc = self.procs.get(job)
-            if proc is not None and proc.poll() is None:
-                continue
-            self.procs[job] = start_job(self.pipeline, job, args, self.cfg, self.env)
-        if held and jobs is None:
-            self._start_checks()
-
-    def _start_checks(self) -> None:
-        """Epochs are held until checked: run the validator beside the jobs (it ends once
-        every checked region passed ``until_epoch``)."""
-        if self.until_epoch is None:
-            raise HarnessError("settings.checks.hold needs an until_epoch: the validator "
-                               "must know when to stop")
-        proc = self.procs.get(CHECKS)
-        if proc is not None and proc.poll() is None:
-            return
-        path = self.log_file(CHECKS)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab") as out:
-            self.procs[CHECKS] = subprocess.Popen(
-                [sys.executable, "-m", "falkirk.cli", "validate", "--pipeline",
-                 self.pipeline.source or self.pipeline.name, "--follow", "--until-epoch",
-                 str(self.until_epoch), "--no-docs"],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
-                start_new_session=True)
-
-    def wait(self, timeout_s: float = 900, progress: Callable[[str], None] | None = None
-             ) -> dict[str, int]:
-        """Wait for every started job to exit; their exit codes (0 = done)."""
-        deadline = time.monotonic() + timeout_s
-        codes: dict[str, int] = {}
-        for job, proc in self.procs.items():
-            left = max(1.0, deadline - time.monotonic())
-            try:
-                codes[job] = proc.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                raise HarnessError(f"job {job} still running after {timeout_s:.0f} s; "
-                                   f"see {self.log_file(job)}") from None
-            if progress:
-                progress(f"{job} exited {codes[job]}")
-        return codes
-
-    def log_file(self, job: str) -> Path:
-        from falkirk.runtime.procs import log_file
-
-        return log_file(self.pipeline, job, self.cfg)
-
-    def kill(self, job: str) -> None:
-        """SIGKILL a job's whole process group (its Spark driver JVM included)."""
-        proc = self.procs[job]
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        proc.wait()
-        from falkirk.runtime.procs import group_alive
-
-        deadline = time.monotonic() + 30
-        while group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 600,
-                 what: str = "a condition") -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            for job, proc in self.procs.items():
-                if proc.poll() not in (None, 0):
-                    raise HarnessError(f"job {job} failed (exit {proc.returncode}) while "
-                                       f"waiting for {what}; see {self.log_file(job)}")
-            time.sleep(0.3)
-        raise HarnessError(f"timed out waiting for {what}")
-
-    def epoch_running(self, region: str, epoch: int) -> bool:
-        """The region has started ``epoch`` and not finished it (a mid-epoch moment)."""
-        spec = self.pipeline.regions[region]
-        from falkirk.model.times import DOMAINS
-        from falkirk.runtime.runner import time_of
-
-        key = DOMAINS[spec.domain].parse(time_of(spec.domain, epoch))
-        row = self.log.regions(self.pipeline)[region].entries.get(key)
-        return row is not None and row.status == "running"
-
-    def stop_all(self) -> None:
-        for job in list(self.procs):
-            if self.procs[job].poll() is None:
-                self.kill(job)
-
-    # -- recovery -----------------------------------------------------------------------
-
-    def rollback(self, failed: list[str] | None = None, region: str | None = None,
-                 to_epoch: int | None = None, reason: str = "harness",
-                 progress: Callable[[str], None] | None = None):
-        """Roll back (stopping the jobs of affected regions), then restart stopped jobs."""
-        from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
-
-        def stop(regions: set[str]) -> None:
-            for job, hosted in self.jobs.items():
-                if set(hosted) & regions and job in self.procs:
-                    self.kill(job)
-
-        executor = RollbackExecutor(self.pipeline, self.cfg, self.log, stop_regions=stop)
-        request = RollbackRequest(self.pipeline.name, failed=failed or [], region=region,
-                                  to_epoch=to_epoch, reason=reason, dry_run=False)
-        return executor.run(request, progress=progress)
 
     # -- outputs ------------------------------------------------------------------------
 

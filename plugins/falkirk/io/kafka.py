@@ -168,6 +168,70 @@ def _json_kind(variant_type: Column) -> Column:
 #: job never sees one.
 EOS_KEY = b"__falkirk_eos__"
 EOS_TIMESTAMP = 2**62  # later than any epoch; Kafka timestamps are int64 ms
+#: Input topics keep every record until garbage collection says otherwise, whatever its
+#: (event) timestamp, and accept the end-of-stream marker's timestamp.
+TOPIC_CONFIGS = {
+    "retention.ms": "-1",
+    "message.timestamp.after.max.ms": str(2**63 - 1),
+}
+
+
+def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    """Create the input topics that do not exist (with :data:`TOPIC_CONFIGS`).
+
+    An existing topic with another partition count is an error: records are placed in
+    partitions (and so in epochs' offset ranges) by the count they were produced with.
+    """
+    from kafka import KafkaAdminClient
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="falkirk-topics")
+    try:
+        for name, partitions in topics.items():
+            try:
+                admin.create_topics(
+                    {name: {"num_partitions": partitions, "replication_factor": 1,
+                            "configs": TOPIC_CONFIGS}},  # fmt: skip
+                    wait_for_metadata=True,
+                )
+            except TopicAlreadyExistsError:
+                [described] = admin.describe_topics([name])
+                if len(described["partitions"]) != partitions:
+                    raise KafkaIOError(
+                        f"topic {name!r} exists with {len(described['partitions'])} "
+                        f"partitions, not {partitions}"
+                    ) from None
+    finally:
+        admin.close()
+
+
+def end_of_stream(bootstrap: str, topic: str) -> int:
+    """Write the end-of-stream marker to every partition of ``topic``; returns how many.
+
+    Key :data:`EOS_KEY`, empty value, timestamp :data:`EOS_TIMESTAMP` = 2**62: a
+    consumer cutting epochs by timestamp sees every epoch of the partition closed, and
+    must never treat the marker as data (:func:`read_range` drops it). A bounded input
+    ends so: its last epoch closes, and jobs without ``--until-epoch`` end.
+    """
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="falkirk-end-of-stream",
+                             acks="all")  # fmt: skip
+    try:
+        partitions = sorted(producer.partitions_for(topic))
+        futures = [
+            producer.send(topic, key=EOS_KEY, value=b"", partition=p,
+                          timestamp_ms=EOS_TIMESTAMP)  # fmt: skip
+            for p in partitions
+        ]
+        producer.flush()
+        for f in futures:
+            f.get(timeout=60)
+    finally:
+        producer.close()
+    return len(partitions)
+
+
 
 
 def read_range(spark: SparkSession, bootstrap: str, topic: str, start: Offsets, end: Offsets,

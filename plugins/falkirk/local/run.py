@@ -1,0 +1,248 @@
+"""A local run of a whole pipeline on the embedded defaults: its own Kafka broker (KRaft),
+lake and process folders under one root; every job is its own process (spark-submit).
+
+``falkirk run <dir>`` uses it; so do the dev tools (the test harness, trials, chaos, the
+demo), which add input generation, kills and output comparison on top.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from falkirk.config import Config, load
+from falkirk.errors import FalkirkError
+from falkirk.log.epochlog import EpochLog
+from falkirk.model.topology import Pipeline, load_pipeline
+
+CHECKS = "checks"  # the validator's entry in LocalRun.procs (settings.checks.hold)
+
+
+class LocalRunError(FalkirkError):
+    pass
+
+
+class LocalRun:
+    """One sandboxed run of a pipeline under ``root``."""
+
+    def __init__(self, root: Path, pipeline: str | Path, broker=None):
+        self.root = Path(root).resolve()  # jobs run elsewhere: no relative lake paths
+        self.pipeline: Pipeline = load_pipeline(pipeline)
+        self._own_broker = broker is None
+        self.broker = broker
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.until_epoch: int | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def __enter__(self) -> LocalRun:
+        from falkirk.local.broker import LocalBroker
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.broker is None:
+            self.broker = LocalBroker(self.root / "broker")
+            self.broker.start()
+        self.cfg: Config = replace(load(), lake=str(self.root / "lake"),
+                                   var_dir=str(self.root / "var"),
+                                   kafka_bootstrap=self.broker.bootstrap)
+        self.env = {"FALKIRK_LAKE": self.cfg.lake, "FALKIRK_VAR_DIR": self.cfg.var_dir,
+                    "FALKIRK_KAFKA_BOOTSTRAP": self.cfg.kafka_bootstrap}
+        self.log = EpochLog.from_config(self.cfg)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop_all()
+        if self._own_broker and self.broker is not None:
+            self.broker.stop()
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    @property
+    def jobs(self) -> dict[str, list[str]]:
+        from falkirk.runtime.procs import jobs_of
+
+        return jobs_of(self.pipeline)
+
+    def start(self, jobs: list[str] | None = None, until_epoch: int | None = None) -> None:
+        """Start jobs (default: all) that are not running, each in its own process group."""
+        from falkirk.runtime.procs import start_job
+
+        if until_epoch is not None:
+            self.until_epoch = until_epoch
+        held = bool(self.pipeline.checks_setting("hold"))
+        # Readers of a held pipeline also wait for the validator: give them longer.
+        args = ["--idle-timeout", "1200" if held else "300"]
+        if self.until_epoch is not None:
+            args += ["--until-epoch", str(self.until_epoch)]
+        for job in jobs or list(self.jobs):
+            proc = self.procs.get(job)
+            if proc is not None and proc.poll() is None:
+                continue
+            self.procs[job] = start_job(self.pipeline, job, args, self.cfg, self.env)
+        if held and jobs is None:
+            self._start_checks()
+
+    def _start_checks(self) -> None:
+        """Epochs are held until checked: run the validator beside the jobs (it ends once
+        every checked region passed ``until_epoch``)."""
+        if self.until_epoch is None:
+            raise LocalRunError("settings.checks.hold needs an until_epoch: the validator "
+                               "must know when to stop")
+        proc = self.procs.get(CHECKS)
+        if proc is not None and proc.poll() is None:
+            return
+        path = self.log_file(CHECKS)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as out:
+            self.procs[CHECKS] = subprocess.Popen(
+                [sys.executable, "-m", "falkirk.cli", "validate", "--pipeline",
+                 self.pipeline.source or self.pipeline.name, "--follow", "--until-epoch",
+                 str(self.until_epoch), "--no-docs"],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
+                start_new_session=True)
+
+    def wait(self, timeout_s: float = 900, progress: Callable[[str], None] | None = None
+             ) -> dict[str, int]:
+        """Wait for every started job to exit; their exit codes (0 = done)."""
+        deadline = time.monotonic() + timeout_s
+        codes: dict[str, int] = {}
+        for job, proc in self.procs.items():
+            left = max(1.0, deadline - time.monotonic())
+            try:
+                codes[job] = proc.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                raise LocalRunError(f"job {job} still running after {timeout_s:.0f} s; "
+                                   f"see {self.log_file(job)}") from None
+            if progress:
+                progress(f"{job} exited {codes[job]}")
+        return codes
+
+    def log_file(self, job: str) -> Path:
+        from falkirk.runtime.procs import log_file
+
+        return log_file(self.pipeline, job, self.cfg)
+
+    def kill(self, job: str) -> None:
+        """SIGKILL a job's whole process group (its Spark driver JVM included)."""
+        proc = self.procs[job]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        proc.wait()
+        from falkirk.runtime.procs import group_alive
+
+        deadline = time.monotonic() + 30
+        while group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 600,
+                 what: str = "a condition") -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            for job, proc in self.procs.items():
+                if proc.poll() not in (None, 0):
+                    raise LocalRunError(f"job {job} failed (exit {proc.returncode}) while "
+                                       f"waiting for {what}; see {self.log_file(job)}")
+            time.sleep(0.3)
+        raise LocalRunError(f"timed out waiting for {what}")
+
+    def epoch_running(self, region: str, epoch: int) -> bool:
+        """The region has started ``epoch`` and not finished it (a mid-epoch moment)."""
+        spec = self.pipeline.regions[region]
+        from falkirk.model.times import DOMAINS
+        from falkirk.runtime.runner import time_of
+
+        key = DOMAINS[spec.domain].parse(time_of(spec.domain, epoch))
+        row = self.log.regions(self.pipeline)[region].entries.get(key)
+        return row is not None and row.status == "running"
+
+    def stop_all(self) -> None:
+        for job in list(self.procs):
+            if self.procs[job].poll() is None:
+                self.kill(job)
+
+    # -- recovery -----------------------------------------------------------------------
+
+    def rollback(self, failed: list[str] | None = None, region: str | None = None,
+                 to_epoch: int | None = None, reason: str = "harness",
+                 progress: Callable[[str], None] | None = None):
+        """Roll back (stopping the jobs of affected regions), then restart stopped jobs."""
+        from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
+
+        def stop(regions: set[str]) -> None:
+            for job, hosted in self.jobs.items():
+                if set(hosted) & regions and job in self.procs:
+                    self.kill(job)
+
+        executor = RollbackExecutor(self.pipeline, self.cfg, self.log, stop_regions=stop)
+        request = RollbackRequest(self.pipeline.name, failed=failed or [], region=region,
+                                  to_epoch=to_epoch, reason=reason, dry_run=False)
+        return executor.run(request, progress=progress)
+
+    # -- input from files -----------------------------------------------------------
+
+    def produce_files(self, folder: Path) -> dict[str, int]:
+        """Send ``<folder>/<topic>.jsonl`` to each input topic, then end every input with
+        the end-of-stream marker (a bounded input: its last epoch closes, jobs end).
+
+        One record per line; the value is the line as it is (a line that is not JSON is
+        sent too: the job dead-letters it), the Kafka timestamp is the record's ``ts``
+        field (event time, epoch ms; a line without one takes the previous line's). A
+        record with a ``key`` field is keyed (partitioned by the key's hash); the others go
+        round-robin by line, so the same file always lands the same way. Returns the
+        records sent per topic.
+        """
+        from kafka import KafkaProducer
+
+        from falkirk.io.kafka import end_of_stream, ensure_topics
+
+        inputs = {e.topic: e.partitions for e in self.pipeline.edges.values()
+                  if e.kind == "kafka" and e.src is None}
+        missing = [t for t in inputs if not (folder / f"{t}.jsonl").is_file()]
+        if missing:
+            raise LocalRunError(f"no input file for topic(s) {', '.join(missing)}: expected "
+                                f"{', '.join(str(folder / f'{t}.jsonl') for t in missing)}")
+        ensure_topics(self.cfg.kafka_bootstrap, inputs)
+        producer = KafkaProducer(bootstrap_servers=self.cfg.kafka_bootstrap, acks="all",
+                                 client_id="falkirk-run")
+        sent: dict[str, int] = {}
+        try:
+            for topic, partitions in inputs.items():
+                ts = int(self.pipeline.settings["origin_ms"])
+                futures = []
+                lines = [x for x in (folder / f"{topic}.jsonl").read_text().splitlines()
+                         if x.strip()]
+                for i, line in enumerate(lines):
+                    key = None
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        record = None
+                    if isinstance(record, dict):
+                        ts = int(record.get("ts", ts))
+                        key = None if record.get("key") is None else str(record["key"])
+                    futures.append(producer.send(
+                        topic, value=line.encode(), timestamp_ms=ts,
+                        key=None if key is None else key.encode(),
+                        partition=None if key is not None else i % partitions))
+                producer.flush()
+                for f in futures:
+                    f.get(timeout=60)  # a send that failed fails the run
+                sent[topic] = len(futures)
+        finally:
+            producer.close()
+        for topic in inputs:
+            end_of_stream(self.cfg.kafka_bootstrap, topic)
+        return sent
+

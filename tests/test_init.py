@@ -1,0 +1,129 @@
+"""What docs/guide.md tells a new user, done from a folder outside the checkout: `falkirk
+init`, its own unit tests, `falkirk pipelines`, `falkirk run` on the embedded defaults, its
+DAGs in Airflow, a job killed mid-epoch and rolled back with outputs equal to the
+failure-free run, and malformed records in its dead-letter table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from falkirk.config import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # Spark jobs and the broker
+
+TABLES = ("clean_clicks", "page_counts", "user_totals", "clicks_dead_letters")
+
+
+def falkirk(*args: str, env: dict | None = None, timeout: float = 900
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "falkirk.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def rows(lake: Path) -> dict[str, list[str]]:
+    from falkirk.io.lake import read_table
+
+    return {t: sorted(json.dumps(r, sort_keys=True) for r in
+                      read_table(str(lake / t)).to_pylist()) for t in TABLES}
+
+
+@pytest.fixture(scope="module")
+def clicks(tmp_path_factory):
+    """`falkirk init` in a temporary folder outside the checkout, then `falkirk run`."""
+    pipes = tmp_path_factory.mktemp("my_pipelines")
+    folder = pipes / "clicks"
+    done = falkirk("init", str(folder))
+    assert done.returncode == 0, done.stderr
+    assert "pipeline.yaml" in done.stdout and "next: falkirk run" in done.stdout
+    assert not str(folder).startswith(str(REPO_ROOT))
+    again = falkirk("init", str(folder))
+    assert again.returncode == 2 and "exists and is not empty" in again.stderr
+    run = falkirk("run", str(folder))
+    assert run.returncode == 0, run.stdout + run.stderr
+    return folder, run.stdout
+
+
+def test_init_writes_a_pipeline_that_validates_and_whose_own_tests_pass(clicks):
+    folder, _ = clicks
+    listed = falkirk("pipelines", "--json", env={"FALKIRK_PIPELINES": str(folder.parent)})
+    assert json.loads(listed.stdout)["clicks"]["error"] is None
+    own = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(folder / "tests")], capture_output=True, text=True, timeout=600,
+                         cwd=folder)
+    assert own.returncode == 0, own.stdout[-3000:]
+    assert "2 passed" in own.stdout
+
+
+def test_run_commits_every_epoch_and_dead_letters_malformed_records(clicks):
+    folder, out = clicks
+    for region, regime in (("clean", "ephemeral"), ("page_counts", "batch"),
+                           ("user_totals", "eager")):
+        assert f"region {region:16} {regime:9} epochs committed: 6" in out, out
+    got = rows(folder / ".falkirk" / "run" / "lake")
+    reasons = sorted(json.loads(r)["reason"] for r in got["clicks_dead_letters"])
+    assert len(reasons) == 3, reasons
+    assert reasons[0].startswith("event epoch 1 is not epoch")  # the late click
+    assert reasons[1] == "missing field page"
+    assert reasons[2].startswith("value is not JSON")
+    sent = sum(1 for line in (folder / "input" / "clicks.jsonl").read_text().splitlines()
+               if line.strip())
+    assert len(got["clean_clicks"]) + len(reasons) == sent
+
+
+def test_a_job_killed_mid_epoch_and_rolled_back_ends_with_the_failure_free_outputs(
+        clicks, tmp_path):
+    from falkirk.faults import ENV, crash_at
+    from falkirk.local.run import LocalRun
+
+    folder, _ = clicks
+    golden = rows(folder / ".falkirk" / "run" / "lake")
+    with LocalRun(tmp_path / "run", folder / "pipeline.yaml") as run:
+        run.produce_files(folder / "input")
+        run.start(jobs=["jobs/clean.py", "jobs/page_counts.py"])
+        plain = run.env
+        # user_totals dies in epoch 3 before its Delta commit (its 4th table write)
+        run.env = {**plain, ENV: crash_at("writer:before-commit", 4)}
+        run.start(jobs=["jobs/user_totals.py"])
+        run.env = plain
+        # SIGKILL (spark-submit, a shell script, reports its child's as 128 + 9)
+        assert run.procs["jobs/user_totals.py"].wait(timeout=900) in (-9, 137)
+        rows_before = run.log.regions(run.pipeline)["user_totals"].entries.values()
+        assert max(r.epoch for r in rows_before if r.status == "checkpointed") == 2, \
+            [(r.epoch, r.status) for r in rows_before]
+        done = run.rollback(failed=["user_totals"], reason="test: killed mid epoch 3")
+        assert done.frontiers["user_totals"] == 2
+        run.start(jobs=["jobs/user_totals.py"])
+        codes = run.wait(timeout_s=900)
+        assert set(codes.values()) == {0}, codes
+        assert rows(Path(run.cfg.lake)) == golden
+        # the guide's step 6: the suite and the invariants on every committed epoch
+        checked = falkirk("validate", "--pipeline", str(folder / "pipeline.yaml"), "--no-docs",
+                          env=run.env)
+        assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+        assert "no expectation suite for table(s) clean_clicks, clicks_dead_letters, " \
+               "user_totals" in " ".join(checked.stdout.split())
+        outcomes = run.log.checks("clicks")
+        assert {"invariant:clicks_conserved", "invariant:totals_add_up"} <= {
+            r["check"] for r in outcomes}
+        assert all(r["success"] for r in outcomes)
+
+
+def test_airflow_gets_the_new_pipelines_dags_with_nothing_copied(clicks, airflow_env,
+                                                                 monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    folder, _ = clicks
+    monkeypatch.setenv("FALKIRK_PIPELINES", str(folder.parent))
+    bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    assert bag.import_errors == {}
+    assert {"falkirk_clicks_streams", "falkirk_clicks_batch_page_counts",
+            "falkirk_clicks_rollback", "falkirk_clicks_gc"} <= set(bag.dags)
+    streams = bag.dags["falkirk_clicks_streams"]
+    assert "`jobs/clean.py` (clean)" in streams.doc_md
+    assert "`jobs/user_totals.py` (user_totals)" in streams.doc_md

@@ -1,0 +1,63 @@
+"""The shipped framework is the framework only: the wheel holds no dev tooling, nothing in
+it imports the tooling, and it names no application (the reference pipeline is an app)."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+from falkirk.config import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "plugins" / "falkirk"
+DEV = REPO_ROOT / "tools" / "falkirk_dev"
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_framework_imports_no_dev_tooling_and_jobs_only_its_job_interface():
+    for path in PACKAGE.rglob("*.py"):
+        dev = {m for m in _imports(path) if m.split(".")[0] == "falkirk_dev"}
+        # the CLI adds the dev verbs when the tooling is importable (a checkout)
+        if path.name == "cli.py" and path.parent == PACKAGE:
+            assert dev == {"falkirk_dev.cli"}, path
+        else:
+            assert not dev, f"{path.relative_to(REPO_ROOT)} imports {sorted(dev)}"
+    for path in (REPO_ROOT / "jobs").glob("*.py"):
+        used = {m for m in _imports(path) if m.split(".")[0] in ("falkirk", "falkirk_dev")}
+        allowed = {"falkirk.job", "falkirk.quality.invariants", "falkirk.runtime.runner"}
+        assert used <= allowed, f"{path.relative_to(REPO_ROOT)} imports {sorted(used - allowed)}"
+
+
+def test_the_framework_names_no_application():
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert node.value not in ("reference", "popularity", "communities", "serve"), \
+                    f"{path.relative_to(REPO_ROOT)}:{node.lineno} names {node.value!r}"
+
+
+def test_the_wheel_is_the_framework_without_demo_trials_benchmarks_or_generator(tmp_path):
+    # uv: on PATH, or the system python's module that bin/setup installs
+    uv = [shutil.which("uv")] if shutil.which("uv") else ["python3", "-m", "uv"]
+    subprocess.run([*uv, "build", "--wheel", "-q", "-o", str(tmp_path), str(REPO_ROOT)],
+                   check=True, timeout=300)
+    [wheel] = tmp_path.glob("falkirk-*.whl")
+    files = zipfile.ZipFile(wheel).namelist()
+    modules = [f for f in files if f.endswith(".py")]
+    assert modules and all(f.startswith("falkirk/") for f in modules), modules
+    shipped = {Path(f).stem for f in modules}
+    assert not shipped & {"demo", "trials", "chaos", "harness", "generate", "all_bench"}
+    assert {"falkirk/job.py", "falkirk/solver/frontier.py", "falkirk/log/epochlog.py",
+            "falkirk/recovery/rollback.py", "falkirk/regimes/checkpoints.py",
+            "falkirk/airflow/factory.py"} <= set(files)
