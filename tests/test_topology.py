@@ -119,6 +119,15 @@ def test_invalid_declarations_are_refused_with_the_place(case):
     assert str(err.value).startswith("small.yaml: ")
 
 
+def write_table_schemas(folder, data: dict) -> None:
+    """A one-column schema beside the declaration for every Delta table it names."""
+    (folder / "schemas" / "tables").mkdir(parents=True)
+    for e in data["edges"].values():
+        if e["kind"] == "delta":
+            (folder / "schemas" / "tables" / f"{e['table']}.json").write_text(
+                json.dumps({"fields": [{"name": "epoch", "type": "int64"}]}))
+
+
 def test_a_declaration_file_naming_a_missing_job_is_refused(tmp_path):
     import yaml
 
@@ -138,11 +147,7 @@ def test_a_job_beside_the_declaration_is_found_there_before_the_checkout(tmp_pat
     data["edges"].pop("labels")
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "mine.py").write_text("")
-    (tmp_path / "schemas" / "tables").mkdir(parents=True)
-    for e in data["edges"].values():
-        if e["kind"] == "delta":
-            (tmp_path / "schemas" / "tables" / f"{e['table']}.json").write_text(
-                json.dumps({"fields": [{"name": "epoch", "type": "int64"}]}))
+    write_table_schemas(tmp_path, data)
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump(data))
     pipe = Pipeline.load(path)
@@ -163,11 +168,7 @@ def test_invariants_are_a_file_the_declaration_names_and_loads_by_region(tmp_pat
     with pytest.raises(TopologyError, match="invariants: expected the path of a Python file"):
         Pipeline.from_dict({**SMALL, "invariants": "checks.txt"})
     data = {**copy.deepcopy(SMALL), "invariants": "mine/invariants.py"}
-    (tmp_path / "schemas" / "tables").mkdir(parents=True)
-    for e in data["edges"].values():
-        if e["kind"] == "delta":
-            (tmp_path / "schemas" / "tables" / f"{e['table']}.json").write_text(
-                json.dumps({"fields": [{"name": "epoch", "type": "int64"}]}))
+    write_table_schemas(tmp_path, data)
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(TopologyError, match="invariants file mine/invariants.py not found"):
