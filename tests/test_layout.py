@@ -61,3 +61,8 @@ def test_the_wheel_is_the_framework_without_demo_trials_benchmarks_or_generator(
     assert {"falkirk/job.py", "falkirk/solver/frontier.py", "falkirk/log/epochlog.py",
             "falkirk/recovery/rollback.py", "falkirk/regimes/checkpoints.py",
             "falkirk/airflow/factory.py"} <= set(files)
+    # what a pipeline needs at run time beside the code: the epoch log's table schemas,
+    # the dead letters' and what `falkirk init` writes
+    assert {"falkirk/schemas/tables/epochs.json", "falkirk/schemas/tables/dead_letters.json",
+            "falkirk/local/template/pipeline.yaml",
+            "falkirk/local/template/input/clicks.jsonl"} <= set(files)

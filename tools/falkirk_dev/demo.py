@@ -344,6 +344,7 @@ def fingerprint(inputs: dict) -> str:
     h = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode())
     files = [*sorted((REPO_ROOT / "jobs").glob("*.py")),
              *sorted((REPO_ROOT / "plugins" / "falkirk").rglob("*.py")),
+             *sorted((REPO_ROOT / "plugins" / "falkirk" / "schemas").glob("*/*")),
              *sorted((REPO_ROOT / "schemas").glob("[!e]*/*"))]  # not expectations/
     for path in files:
         if path.is_file():

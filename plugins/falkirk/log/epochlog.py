@@ -1,6 +1,6 @@
 """The epoch log: what every region persisted for every frontier it can restore to.
 
-Delta tables written through delta-rs (schemas in ``schemas/tables``):
+Delta tables written through delta-rs (schemas in ``falkirk/schemas/tables``):
 
 - ``epochs``: one row per change of a region's epoch in a generation (running,
   committed, checkpointed, invalidated), with the metadata of docs/model.md:
@@ -304,7 +304,7 @@ class EpochLog:
         }])
 
     def job_runs(self, pipeline: str) -> dict[str, dict]:
-        """Per job: its latest start or end row (see schemas/tables/job_runs.json)."""
+        """Per job: its latest start or end row (see falkirk/schemas/tables/job_runs.json)."""
         out: dict[str, dict] = {}
         for row in self._read("job_runs", pipeline):
             out[row["job"]] = row
@@ -318,7 +318,7 @@ class EpochLog:
         return out
 
     def record_checks(self, rows: list[dict]) -> None:
-        """Append data-check results (see schemas/tables/checks.json)."""
+        """Append data-check results (see falkirk/schemas/tables/checks.json)."""
         self._append("checks", rows)
 
     def checks(self, pipeline: str) -> list[dict]:

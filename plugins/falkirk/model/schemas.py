@@ -1,6 +1,9 @@
-"""Table and record schemas, kept as JSON files in ``schemas/`` (one place for each).
+"""Table and record schemas, kept as JSON files (one place for each).
 
-Data engineers read and edit the files; the code builds Arrow schemas from them.
+Data engineers read and edit the files; the code builds Arrow schemas from them. A name is
+looked up in a pipeline's own ``schemas/`` folders, then in the checkout's ``schemas/``
+(the reference pipeline's), then in the framework's (``falkirk/schemas``: the epoch log's
+tables and ``dead_letters``, shipped in the wheel).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 
 SCHEMAS_DIR = Path(__file__).resolve().parents[3] / "schemas"
+FRAMEWORK_SCHEMAS_DIR = Path(__file__).resolve().parents[1] / "schemas"
 
 _TYPES = {
     "string": pa.string(),
@@ -25,8 +29,9 @@ _TYPES = {
 
 def find(kind: str, name: str, roots: tuple[Path, ...] = ()) -> Path | None:
     """``<root>/<kind>/<name>.json`` in the first of ``roots`` (a pipeline's own ``schemas/``
-    folders) that has it, else in falkirk's; None if neither has it."""
-    for root in (*roots, SCHEMAS_DIR):
+    folders) that has it, else in the checkout's, else in the framework's; None if none
+    has it."""
+    for root in (*roots, SCHEMAS_DIR, FRAMEWORK_SCHEMAS_DIR):
         path = root / kind / f"{name}.json"
         if path.is_file():
             return path
@@ -38,7 +43,7 @@ def definition(kind: str, name: str, roots: tuple[Path, ...] = ()) -> dict:
     """The JSON definition ``schemas/<kind>/<name>.json`` (see :func:`find`)."""
     path = find(kind, name, roots)
     if path is None:
-        looked = ", ".join(str(r / kind) for r in (*roots, SCHEMAS_DIR))
+        looked = ", ".join(str(r / kind) for r in (*roots, SCHEMAS_DIR, FRAMEWORK_SCHEMAS_DIR))
         raise FileNotFoundError(f"no schema file {name}.json (looked in {looked})")
     return json.loads(path.read_text())
 
