@@ -106,6 +106,27 @@ def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, t
     assert len(engines) == 1 and next(iter(engines)).startswith("Apache-Spark/")
 
 
+def test_a_null_in_a_non_nullable_column_is_refused_naming_where(spark, tmp_path):
+    """Delta enforces the declared NOT NULL columns; the error names the pipeline, region,
+    table, epoch and column, and nothing of the epoch is committed."""
+    uri = str(tmp_path / "user_totals")
+    schema = pa.schema([pa.field("epoch", pa.int64(), nullable=False),
+                        pa.field("user", pa.string(), nullable=False),
+                        pa.field("total", pa.int64())])
+    writer = EpochWriter(spark, uri, "user_totals", 0, schema, pipeline="clicks")
+    writer.ensure_table()
+    bad = spark.createDataFrame([(3, "u1", 1), (3, None, 2)],
+                                "epoch long, user string, total long")
+    with pytest.raises(TableSchemaError, match=r"pipeline 'clicks', region 'user_totals', "
+                       r"epoch 3: column 'user' of table 'user_totals' is null in a row, but "
+                       r"the table declares it non-nullable; nothing of the epoch was "
+                       r"committed"):
+        writer.write_epoch(bad, 3)
+    assert DeltaTable(uri).version() == 0 and not writer.is_committed(3)
+    good = spark.createDataFrame([(3, "u1", None)], "epoch long, user string, total long")
+    assert writer.write_epoch(good, 3).version == 1  # a nullable column may be null
+
+
 def test_an_existing_table_of_another_schema_is_refused(spark, tmp_path):
     uri = str(tmp_path / "out")
     EpochWriter(spark, uri, "agg", 1, SCHEMA).ensure_table()

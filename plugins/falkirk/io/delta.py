@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from contextlib import suppress
 from dataclasses import dataclass
@@ -99,10 +100,13 @@ class EpochWriter:
         generation: int,
         schema: pa.Schema,
         storage_options: dict[str, str] | None = None,
+        pipeline: str = "",
     ) -> None:
         self.spark = spark
         self.table_uri = table_uri.rstrip("/")
         self.region = region
+        # how errors name the writer: "pipeline p, region r, "
+        self.where = (f"pipeline {pipeline!r}, " if pipeline else "") + f"region {region!r}, "
         self.generation = generation
         self.schema = schema
         self.app_id = app_id_for(region, generation)
@@ -136,15 +140,26 @@ class EpochWriter:
             return None
         before = self.log.table().version()
         maybe_crash("writer:before-commit")
-        (
-            self._conform(df).write.format("delta").mode("append")
-            .option("txnAppId", self.app_id)
-            .option("txnVersion", epoch)
-            .option("userMetadata", json.dumps(
-                {"falkirk": {"region": self.region, "generation": self.generation,
-                             "epoch": epoch}}, separators=(",", ":")))
-            .save(spark_uri(self.table_uri))
-        )
+        try:
+            (
+                self._conform(df).write.format("delta").mode("append")
+                .option("txnAppId", self.app_id)
+                .option("txnVersion", epoch)
+                .option("userMetadata", json.dumps(
+                    {"falkirk": {"region": self.region, "generation": self.generation,
+                                 "epoch": epoch}}, separators=(",", ":")))
+                .save(spark_uri(self.table_uri))
+            )
+        except Exception as exc:  # Delta enforces the declared NOT NULL columns
+            if "NOT NULL constraint violated" not in str(exc):
+                raise
+            column = re.search(r"NOT NULL constraint violated for column: ([^.\s]+)", str(exc))
+            raise TableSchemaError(
+                f"{self.where}epoch {epoch}: column "
+                f"{column.group(1) if column else '?'!r} of table "
+                f"{self.table_uri.rsplit('/', 1)[-1]!r} is null in a row, but the table "
+                f"declares it non-nullable; nothing of the epoch was committed (fix the job, "
+                f"or send such rows to the region's dead letters)") from None
         maybe_crash("writer:after-commit")
         newest = self.log.table().version()
         version = self.log.find_txn(self.app_id, epoch, newest, before + 1)

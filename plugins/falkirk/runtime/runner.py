@@ -315,7 +315,7 @@ class JobRunner:
         if key not in self.writers:
             w = EpochWriter(self.spark, self.cfg.table(edge.table), region, self.generation,
                             arrow_schema("tables", edge.table_schema, self.pipeline.schema_roots),
-                            self.cfg.delta_storage_options or None)
+                            self.cfg.delta_storage_options or None, pipeline=self.pipeline.name)
             w.ensure_table()
             self.writers[key] = w
         return self.writers[key]
