@@ -16,7 +16,7 @@ from airflow.sdk import DeltaDataIntervalTimetable
 from airflow.sdk.exceptions import AirflowFailException
 
 from falkirk.config import load
-from falkirk.log.epochlog import RESTORABLE, EpochLog
+from falkirk.log.epochlog import EpochLog
 from falkirk.model.times import DOMAINS
 from falkirk.model.topology import Pipeline, load_pipeline
 from falkirk.runtime.runner import time_of
@@ -88,7 +88,7 @@ def verify_committed(pipeline: str, region: str, data_interval_start: datetime) 
     dom = DOMAINS[spec.domain]
     entries = EpochLog.from_config().regions(load_pipeline(pipeline))[region].entries
     row = entries.get(dom.parse(time_of(spec.domain, epoch)))
-    if row is None or row.status not in RESTORABLE[spec.regime]:
+    if row is None or row.status not in spec.regime_rules.restorable:
         raise AirflowFailException(
             f"{region} epoch {epoch}: the epoch log shows "
             f"{'nothing' if row is None else row.status!r}, not committed")

@@ -242,7 +242,7 @@ def pipeline_dags(pipeline: Pipeline) -> dict[str, DAG]:
     if streams.stream_jobs(pipeline):
         dags.append(streams_dag(pipeline))
     dags += [batch_dag(pipeline, r) for r, spec in pipeline.regions.items()
-             if spec.regime == "batch"]
+             if spec.regime_rules.runs_per_epoch]
     return {d.dag_id: d for d in dags}
 
 

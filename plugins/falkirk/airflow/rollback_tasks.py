@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from falkirk.airflow import streams
 from falkirk.airflow.render import plan_markdown
 from falkirk.errors import FalkirkError
-from falkirk.log.epochlog import RESTORABLE, EpochLog
+from falkirk.log.epochlog import EpochLog
 from falkirk.model.times import DOMAINS
 from falkirk.model.topology import Pipeline, load_pipeline
 from falkirk.recovery.rollback import RollbackExecutor, RollbackPlan, RollbackRequest
@@ -148,7 +148,7 @@ def validate(params: dict[str, Any], ti: Any) -> dict[str, Any]:
         spec = pipeline.regions[region]
         dom = DOMAINS[spec.domain]
         frontier = dom.parse(done.frontiers[region])
-        rows = [r for r in logs[region].entries.values() if r.status in RESTORABLE[spec.regime]
+        rows = [r for r in logs[region].entries.values() if r.status in spec.regime_rules.restorable
                 or r.status == "committed"]
         latest = max((dom.parse(r.time) for r in rows), default=dom.bottom)
         reached[region] = dom.dump(latest)

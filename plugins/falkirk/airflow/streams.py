@@ -20,7 +20,7 @@ STREAM_ARGS: list[str] = []  # no idle timeout: a stream waits for input as long
 def stream_jobs(pipeline: Pipeline) -> dict[str, list[str]]:
     """Job entry point -> hosted regions, for jobs hosting a non-batch region."""
     return {job: regions for job, regions in procs.jobs_of(pipeline).items()
-            if any(pipeline.regions[r].regime != "batch" for r in regions)}
+            if any(not pipeline.regions[r].regime_rules.runs_per_epoch for r in regions)}
 
 
 log_file = procs.log_file  # where a job writes its output
@@ -85,7 +85,7 @@ def rerun_batch_epochs(pipeline: Pipeline, invalidated: list[dict],
     epochs: dict[str, set[int]] = {}
     for inv in invalidated:
         spec = pipeline.regions[inv["region"]]
-        if spec.regime == "batch" and spec.job:
+        if spec.regime_rules.runs_per_epoch and spec.job:
             epoch = inv["time"][0] if isinstance(inv["time"], list) else inv["time"]
             epochs.setdefault(inv["region"], set()).add(int(epoch))
     for region, todo in epochs.items():

@@ -33,16 +33,10 @@ from falkirk.io.lake import TABLE_CONFIGURATION, AppendOrder
 from falkirk.model.schemas import arrow_schema
 from falkirk.model.times import DOMAINS, Domain, Offsets, project, shift
 from falkirk.model.topology import Pipeline
+from falkirk.regimes import REGIMES
 from falkirk.solver.frontier import Edge, Entry, Problem, Region
 
 STATUSES = ("running", "committed", "checkpointed", "invalidated", "quarantined")
-# Which statuses make a frontier a region can restore to, by regime.
-RESTORABLE = {
-    "ephemeral": ("committed",),  # every epoch whose output was handed on
-    "batch": ("committed",),  # every epoch whose output is in its Delta table
-    "lazy": ("checkpointed",),  # only its checkpoints
-    "eager": ("committed", "checkpointed"),  # every epoch it committed
-}
 
 
 class EpochLogError(FalkirkError):
@@ -117,7 +111,7 @@ class RegionLog:
     def restorable(self, regime: str) -> list[EpochRecord]:
         """Rows the region can restore to: never at or past a quarantined epoch (a frontier
         vouches for every epoch up to it)."""
-        keep = RESTORABLE[regime]
+        keep = REGIMES[regime].restorable  # its frontiers' statuses
         rows = []
         for _, r in sorted(self.entries.items(), key=lambda kv: kv[0]):
             if r.status == "quarantined":

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from falkirk.errors import FalkirkError
 from falkirk.model.times import DOMAINS, ITERATION
+from falkirk.regimes import REGIMES, Regime
 
 PIPELINES_DIR = Path(__file__).resolve().parents[3] / "schemas" / "pipelines"
 
-REGIMES = ("ephemeral", "batch", "lazy", "eager")
 EDGE_KINDS = ("kafka", "delta", "unlogged")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -74,8 +74,13 @@ class RegionSpec:
         return DOMAINS[self.domain] is ITERATION
 
     @property
+    def regime_rules(self) -> Regime:
+        """What this region's regime saves, acknowledges and restores (falkirk.regimes)."""
+        return REGIMES[self.regime]
+
+    @property
     def keeps_state(self) -> bool:
-        return self.regime in ("lazy", "eager")
+        return self.regime_rules.keeps_state
 
 
 @dataclass(frozen=True)
@@ -220,21 +225,9 @@ class Pipeline:
             domain = spec.get("domain", "epoch")
             if domain not in DOMAINS or domain == "offsets":
                 raise fail(where, f"domain must be epoch or epoch.iteration, got {domain!r}")
-            stateful = spec.get("stateful", regime in ("lazy", "eager"))
-            if regime in ("ephemeral", "batch") and stateful:
-                raise fail(where, f"an {regime} region keeps no state between epochs; "
-                                  "declare it lazy or eager to keep state")
+            REGIMES[regime].check(spec, lambda what, where=where: fail(where, what))
+            stateful = spec.get("stateful", REGIMES[regime].keeps_state)
             every, seconds = spec.get("checkpoint_every"), spec.get("checkpoint_seconds")
-            if regime == "lazy":
-                if every is None and seconds is None:
-                    raise fail(where, "a lazy region needs checkpoint_every (K epochs) "
-                                      "or checkpoint_seconds (T)")
-                if every is not None and (not isinstance(every, int) or every < 1):
-                    raise fail(where, f"checkpoint_every must be an integer ≥ 1, got {every!r}")
-            elif every is not None or seconds is not None:
-                why = "commit every epoch" if regime == "eager" else "keep no state"
-                raise fail(where, f"only lazy regions take checkpoint_every/seconds "
-                                  f"({regime} regions {why})")
             retain = spec.get("retain_checkpoints", 3)
             if not isinstance(retain, int) or retain < 1:
                 raise fail(where, f"retain_checkpoints must be an integer ≥ 1, got {retain!r}")

@@ -493,7 +493,7 @@ class JobRunner:
             status, state_ref = "committed", None
             if spec.keeps_state:
                 self.state[r] = result.state.get(r, self.state.get(r))
-                due = spec.regime == "eager" or (e + 1) % (spec.checkpoint_every or 1) == 0
+                due = spec.regime_rules.checkpoint_due(spec, e)
                 if due and self.persist and not (r in redo and redo[r].status == "checkpointed"):
                     state_ref = self._checkpoint(r, e)
                     status = "checkpointed"
