@@ -76,6 +76,24 @@ def test_run_commits_every_epoch_and_dead_letters_malformed_records(clicks):
     assert len(got["clean_clicks"]) + len(reasons) == sent
 
 
+def test_a_failing_job_stops_the_run_at_once_naming_it(clicks, tmp_path):
+    """Without a supervisor the other jobs would only wait for the dead one until their
+    idle timeout: falkirk run stops them and names the job, its exit and its error."""
+    import shutil
+
+    folder, _ = clicks
+    broken = tmp_path / "clicks"
+    shutil.copytree(folder, broken, ignore=shutil.ignore_patterns(".falkirk"))
+    job = broken / "jobs" / "user_totals.py"
+    job.write_text(job.read_text().replace(
+        "        rows, totals = transform(",
+        "        raise ValueError('broken on purpose')\n        rows, totals = transform("))
+    run = falkirk("run", str(broken))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "job(s) failed, the others stopped: jobs/user_totals.py (exit" in run.stderr
+    assert "broken on purpose" in run.stderr
+
+
 def test_a_job_killed_mid_epoch_and_rolled_back_ends_with_the_failure_free_outputs(
         clicks, tmp_path):
     from falkirk.faults import ENV, crash_at

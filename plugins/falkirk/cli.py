@@ -349,6 +349,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         while any(p.poll() is None for p in run.procs.values()):  # progress as epochs commit
             if time.monotonic() > deadline:
                 break  # run.wait below names the job still running
+            dead = {j: p.returncode for j, p in run.procs.items() if p.poll() not in (None, 0)}
+            if dead:  # no supervisor here: the others would only wait for it
+                run.stop_all()
+                raise CliError("job(s) failed, the others stopped: " + "; ".join(
+                    f"{job} (exit {code}): " + _tail(run.log_file(job))
+                    for job, code in dead.items()))
             time.sleep(3)
             now = committed()
             if now != seen:
@@ -363,9 +369,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"table  {table:20} {read_table(run.cfg.table(table)).num_rows} rows")
     failed = {job: code for job, code in codes.items() if code != 0}
     if failed:
-        raise CliError("job(s) failed: " + ", ".join(
-            f"{job} (exit {code}, log {run.log_file(job)})" for job, code in failed.items()))
+        raise CliError("job(s) failed: " + "; ".join(
+            f"{job} (exit {code}): " + _tail(run.log_file(job)) for job, code in failed.items()))
     return 0
+
+
+def _tail(log: Path, lines: int = 3) -> str:
+    """The last lines of a job's log, and where the rest is."""
+    text = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+    return " | ".join(text[-lines:]) + f" (log {log})"
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:

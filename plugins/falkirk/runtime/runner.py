@@ -50,6 +50,9 @@ log = logging.getLogger("falkirk.runtime")
 
 
 
+SENDER_CHECK_S = 5.0  # how often a waiting region looks whether its sender's job died
+
+
 class RuntimeFailure(FalkirkError):
     """A region cannot go on (its input is gone, its declaration does not fit the job)."""
 
@@ -245,6 +248,8 @@ class JobRunner:
                 self._restore_state(r, logs[r])
         self.positions: dict[str, Offsets] = {}  # Kafka input edge -> where the next epoch starts
         self.cuts: dict[str, KafkaCut] = {}
+        self._sender_checked: dict[str, float] = {}  # edge -> when its sender was last checked
+        self._said_dead: set[tuple] = set()  # (job, pid, started) already said to be dead
         for e in self._external_inputs():
             self.cuts[e.name] = KafkaCut(self.cfg.kafka_bootstrap, e.topic)
             self.positions[e.name] = self._start_offsets(e, logs)
@@ -396,6 +401,7 @@ class JobRunner:
                         ended = self.log.ends(self.pipeline.name).get(edge.src)
                         if ended is not None and ended < needed:
                             return None  # the sender's input ended before this epoch
+                        self._say_if_sender_died(edge, needed)
                         return False  # not committed (or not checked) yet, or quarantined
                     if row is None:  # a side input with no good epoch yet: read as empty
                         where[edge.name] = None
@@ -407,6 +413,33 @@ class JobRunner:
                             f"edge {edge.name!r}")
                     where[edge.name] = version
         return where
+
+    def _say_if_sender_died(self, edge: EdgeSpec, needed: int) -> None:
+        """Waiting on a region whose job is dead: say so at once (once per job run), not
+        only when the idle timeout runs out. The wait goes on: a supervisor or a rollback
+        restarts the sender, and this region then carries on."""
+        now = time.monotonic()
+        if now - self._sender_checked.get(edge.name, 0.0) < SENDER_CHECK_S:
+            return
+        self._sender_checked[edge.name] = now
+        from falkirk.runtime.procs import is_process, this_process
+
+        job = self.pipeline.regions[edge.src].job
+        run = self.log.job_runs(self.pipeline.name).get(job or "")
+        if run is None:
+            return
+        dead = run["status"] == "failed" or (
+            run["status"] == "started" and run["host"] == this_process()["host"]
+            and not is_process(run["pid"], run["process_started"]))
+        said = (job, run["pid"], run["process_started"])
+        if dead and said not in self._said_dead:
+            self._said_dead.add(said)
+            how = (f"failed (exit {run['exit_code']}: {run['message']})"
+                   if run["status"] == "failed" else f"was killed (pid {run['pid']} is gone)")
+            log.warning("pipeline %s: %s waits for epoch %d of region %r, whose job %s %s; "
+                        "it carries on once that job is recovered (falkirk rollback --failed "
+                        "%s, or the streams DAG's recover)", self.pipeline.name,
+                        "+".join(self.regions), needed, edge.src, job, how, edge.src)
 
     def _passed(self) -> dict[str, set[tuple[int, int]]] | bool:
         """With ``settings.checks.hold``: per region, the (epoch, generation) whose data
