@@ -1,0 +1,5 @@
+"""``python -m falkirk_dev.demo``."""
+
+from falkirk_dev.demo import run
+
+run()
