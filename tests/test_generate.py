@@ -14,7 +14,7 @@ import pytest
 from kafka.partitioner.default import murmur2
 from pyspark.sql import functions as F
 
-from falkirk.io.kafka import source_schema
+from falkirk.io.kafka import EOS_KEY, EOS_TIMESTAMP, source_schema
 from falkirk.model.schemas import ddl, definition
 from falkirk_dev import generate as G
 
@@ -211,9 +211,9 @@ def test_records_land_where_the_ground_truth_assumes(broker):
                 break
     finally:
         consumer.close()
-    markers = [r for r in got if r.key == G.EOS_KEY]
+    markers = [r for r in got if r.key == EOS_KEY]
     assert sorted(r.partition for r in markers) == [0, 1, 2]
-    assert all(r.value == b"" and r.timestamp == G.EOS_TIMESTAMP_MS for r in markers)
+    assert all(r.value == b"" and r.timestamp == EOS_TIMESTAMP for r in markers)
     data = {(r.partition, r.offset): (r.key, r.value, r.timestamp) for r in got
-            if r.key != G.EOS_KEY}  # fmt: skip
+            if r.key != EOS_KEY}  # fmt: skip
     assert data == expected
