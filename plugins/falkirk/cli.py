@@ -293,12 +293,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_init(args: argparse.Namespace) -> int:
     """Write a small working pipeline (falkirk.local's template) into a new folder."""
-    import re
     import shutil
+
+    from falkirk.model.topology import NAME_RULE
 
     target = Path(args.dir)
     name = target.resolve().name
-    if not re.match(r"^[a-z][a-z0-9_]*$", name):
+    if not NAME_RULE.match(name):
         raise CliError(f"{target}: the folder's name is the pipeline's name and must be a "
                        f"lower-case identifier (got {name!r})")
     if target.exists() and any(target.iterdir()):

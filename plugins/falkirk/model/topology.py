@@ -20,7 +20,7 @@ from falkirk.regimes import REGIMES, Regime
 PIPELINES_DIR = Path(__file__).resolve().parents[3] / "schemas" / "pipelines"
 
 EDGE_KINDS = ("kafka", "delta", "unlogged")
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+NAME_RULE = re.compile(r"^[a-z][a-z0-9_]*$")  # pipeline and region names
 
 
 class TopologyError(FalkirkError, ValueError):
@@ -201,7 +201,7 @@ class Pipeline:
         if extra:
             raise fail("top level", f"unknown keys {sorted(extra)}")
         name = raw.get("pipeline")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not NAME_RULE.match(name):
             raise fail("pipeline", f"expected a lower-case identifier, got {name!r}")
         raw_regions, raw_edges = raw.get("regions") or {}, raw.get("edges") or {}
         if not isinstance(raw_regions, dict) or not raw_regions:
@@ -212,7 +212,7 @@ class Pipeline:
                    "checkpoint_seconds", "retain_checkpoints", "options"}
         for rname, spec in raw_regions.items():
             where = f"region {rname!r}"
-            if not _NAME.match(str(rname)):
+            if not NAME_RULE.match(str(rname)):
                 raise fail(where, "names are lower-case identifiers")
             if not isinstance(spec, dict):
                 raise fail(where, "expected a mapping")
