@@ -15,10 +15,12 @@ import pytest
 from delta_writer_worker import SCHEMA, epoch_frame
 from deltalake import DeltaTable
 
+from falkirk.errors import FalkirkError
 from falkirk.io.delta import (
     EpochWriter,
     RestoreError,
     app_id_for,
+    read_appends,
     read_version,
     rollback_table,
     vacuum_orphans,
@@ -263,6 +265,46 @@ def test_rollback_then_rewrite_in_new_generation(spark, tmp_path):
     write_epochs(spark, writer, [3, 4])
     assert table_ids(spark, uri) == expected_ids(range(5))  # every row exactly once
     assert DeltaTable(uri).count() == 5 * ROWS
+
+
+def appended_ids(spark, uri: str, version: int, epoch: int) -> list[int]:
+    return sorted(r.id for r in read_appends(spark, uri, version, epoch).select("id").collect())
+
+
+def test_appends_read_one_epochs_rows_through_the_streaming_source(spark, tmp_path):
+    """``read: appends``: the rows the sender appended for an epoch, not the snapshot, with
+    later epochs' commits present; an empty epoch reads as no rows, with the table's
+    columns."""
+    uri = str(tmp_path / "out")
+    writer = EpochWriter(spark, uri, "agg", 1, SCHEMA)
+    writer.ensure_table()
+    versions = write_epochs(spark, writer, range(3))
+    empty = writer.write_epoch(epoch_frame(spark, 3, ROWS).limit(0), 3).version
+    for epoch in range(3):
+        assert appended_ids(spark, uri, versions[epoch], epoch) == expected_ids([epoch])
+    nothing = read_appends(spark, uri, empty, 3)
+    assert nothing.count() == 0 and nothing.columns == read_version(spark, uri).columns
+
+
+def test_appends_after_a_rollback_read_the_new_generations_commit_once(spark, tmp_path):
+    """The stream skips the RESTORE (a commit that only removes files) and reads the epoch
+    as the new generation wrote it again: every row once, the old generation's gone."""
+    uri = str(tmp_path / "out")
+    old = rolled_back_table(spark, uri)
+    writer = EpochWriter(spark, uri, "agg", 2, SCHEMA)
+    writer.ensure_table()
+    again = write_epochs(spark, writer, [3, 4])
+    assert again[3] > old[4] + 1  # after the restore's own commit
+    for epoch in (3, 4):
+        assert appended_ids(spark, uri, again[epoch], epoch) == expected_ids([epoch])
+    assert appended_ids(spark, uri, old[2], 2) == expected_ids([2])  # kept by the restore
+
+
+def test_appends_of_a_table_without_an_epoch_column_are_refused(spark, tmp_path):
+    uri = str(tmp_path / "plain")
+    spark.range(3).write.format("delta").save(uri)
+    with pytest.raises(FalkirkError, match="needs an epoch column.*columns: id"):
+        read_appends(spark, uri, 0, 0)
 
 
 def test_rollback_keeps_transaction_markers_so_same_generation_loses_rows(spark, tmp_path):

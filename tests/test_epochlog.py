@@ -128,8 +128,18 @@ def test_two_processes_committing_at_once_lose_no_row(tmp_path):
         assert sorted(r.time for r in records if r.region == region) == list(range(n))
 
 
+def test_a_declared_bound_is_kept_per_topic_and_a_later_one_moves_it_on(world):
+    _, log, _, _ = world
+    assert log.bounds("tiny") == {}
+    log.record_bound("tiny", "src", {"0": 10, "1": 4})
+    log.record_bound("other", "src", {"0": 1})
+    log.record_bound("tiny", "src", {"0": 12, "1": 4})  # more input was added
+    assert log.bounds("tiny") == {"src": {"0": 12, "1": 4}}
+    assert log.bounds("other") == {"src": {"0": 1}}
+
+
 def test_the_end_of_a_regions_input_is_kept_across_generations(world):
-    """Receivers reading only Delta edges end once every sender's input ended: the marker
+    """Receivers reading only Delta edges end once every sender's input ended: the end row
     says the last epoch, the latest end wins, and a rollback's new generation keeps it
     (the input is the same)."""
     _, log, _, _ = world

@@ -94,6 +94,35 @@ def test_a_failing_job_stops_the_run_at_once_naming_it(clicks, tmp_path):
     assert "broken on purpose" in run.stderr
 
 
+def test_rows_a_job_let_through_with_a_null_in_a_non_nullable_column_are_dead_lettered(
+        clicks, tmp_path):
+    """The user's own job forgets a check: the click without a page reaches clean_clicks,
+    whose page is declared non-nullable. The writer takes that row out, the rest of the
+    epoch commits, and the row lands in the region's dead-letter table with the reason."""
+    import shutil
+
+    folder, _ = clicks
+    golden = rows(folder / ".falkirk" / "run" / "lake")
+    careless = tmp_path / "clicks"
+    shutil.copytree(folder, careless, ignore=shutil.ignore_patterns(".falkirk"))
+    job = careless / "jobs" / "clean.py"
+    forgetful = job.read_text().replace("for name in FIELDS:", 'for name in ("user", "ts"):')
+    assert forgetful != job.read_text()
+    job.write_text(forgetful)
+    run = falkirk("run", str(careless))
+    assert run.returncode == 0, run.stdout + run.stderr
+    got = rows(careless / ".falkirk" / "run" / "lake")
+    assert {t: got[t] for t in TABLES if t != "clicks_dead_letters"} == {
+        t: golden[t] for t in TABLES if t != "clicks_dead_letters"}
+    letters = {json.loads(r)["reason"]: json.loads(r) for r in got["clicks_dead_letters"]}
+    assert "missing field page" not in letters
+    refused = letters["column 'page' is null, but table 'clean_clicks' declares it "
+                      "non-nullable"]
+    assert refused["source"] == "table clean_clicks" and refused["offset"] == -1
+    assert json.loads(refused["raw"])["user"] and "page" not in json.loads(refused["raw"])
+    assert len(letters) == 3
+
+
 def test_a_job_killed_mid_epoch_and_rolled_back_ends_with_the_failure_free_outputs(
         clicks, tmp_path):
     from falkirk.faults import ENV, crash_at

@@ -6,8 +6,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from falkirk.io.kafka import (
-    EOS_KEY,
     KafkaIOError,
+    end_offsets,
     produce,
     read_range,
     source_schema,
@@ -104,22 +104,31 @@ def test_exactly_the_offset_range_of_each_partition(spark, broker):
         read_range(spark, broker.bootstrap, "kio-range", end, start, None)
 
 
-def test_an_end_of_stream_marker_in_a_range_is_never_handed_to_a_job(spark, broker):
-    """A marker read inside a range (a producer's, or a range read up to the log end) is not
-    data: read_range drops it, so no job has to know about markers."""
-    broker.create_topic("kio-eos", 1)
-    send(broker.bootstrap, "kio-eos", [b'{"id":"a"}', b'{"id":"b"}'])
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
-    # a marker is known by its key (its far-future timestamp needs a topic setting, see
-    # falkirk.io.kafka.TOPIC_CONFIGS, that this topic does not have)
-    producer.send("kio-eos", key=EOS_KEY, value=b"", partition=0,
-                  timestamp_ms=1_704_067_200_000 + 2).get(timeout=30)
-    producer.flush()
-    producer.close()
-    df = read_range(spark, broker.bootstrap, "kio-eos", Offsets({"0": 0}), Offsets({"0": 3}),
-                    "id string")
-    assert sorted((r.offset, r.id, r.error) for r in df.collect()) == [(0, "a", None),
-                                                                       (1, "b", None)]
+def test_a_bounded_input_cuts_its_last_epochs_at_the_bound_and_then_ends(broker):
+    """No record marks the end: the declared bound (the topic's end offsets once all is
+    produced) closes the epochs with no later record, caps every cut, and ends the input;
+    without a bound the same cut waits (a continuous run)."""
+    from falkirk.runtime.runner import KafkaCut
+
+    broker.create_topic("kio-bound", 2)
+    send(broker.bootstrap, "kio-bound", [b"a", b"b", b"c"], partition=0)  # ts +0, +1, +2 ms
+    send(broker.bootstrap, "kio-bound", [b"d"], partition=1)
+    bound = Offsets(end_offsets(broker.bootstrap, "kio-bound"))
+    assert bound == Offsets({"0": 3, "1": 1})
+    with pytest.raises(KafkaIOError, match="topic 'nowhere' does not exist"):
+        end_offsets(broker.bootstrap, "nowhere")
+    cut = KafkaCut(broker.bootstrap, "kio-bound")
+    try:
+        t0 = 1_704_067_200_000
+        assert cut.cut(t0 + 2) is None  # partition 1 has nothing at or after +2 ms yet
+        assert cut.cut(t0 + 2, bound) == Offsets({"0": 2, "1": 1})
+        assert cut.cut(t0 + 10_000, bound) == bound
+        send(broker.bootstrap, "kio-bound", [b"late"], partition=1)  # after the bound
+        assert cut.cut(t0 + 10_000, bound) == bound  # never past it
+        assert not cut.ended(Offsets({"0": 3}), bound)
+        assert cut.ended(bound, bound) and not cut.ended(bound, None)
+    finally:
+        cut.close()
 
 
 def test_produce_sends_every_row_and_counts_them(spark, broker):

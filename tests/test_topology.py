@@ -104,6 +104,12 @@ CASES = {
         broken(["edges", "more"], {"kind": "delta", "from": "popularity",
                                    "table": "purchases"}),
         "table 'purchases': written by regions ['ingest', 'popularity']"),
+    "unknown read mode": (
+        broken(["edges", "purchases", "read"], "tail"),
+        "edge 'purchases': read must be one of snapshot, appends, got 'tail'"),
+    "appends of a kafka edge": (
+        broken(["edges", "events", "read"], "appends"),
+        "edge 'events': read: appends is how a region reads a delta edge; this edge is kafka"),
     "unknown key": (
         broken(["regions", "stats", "checkpoint_evry"], 2),
         "region 'stats': unknown keys ['checkpoint_evry']"),

@@ -226,6 +226,21 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bound(args: argparse.Namespace) -> int:
+    """Declare the pipeline's input ended where its topics end now (a bounded run)."""
+    from falkirk.runtime.bounds import declare_bounds
+
+    pipeline = _pipeline(args.pipeline)
+    try:
+        bounds = declare_bounds(pipeline, topics=_split(args.topics) or None)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    for topic, offsets in bounds.items():
+        print(f"{pipeline.name}: input {topic} ends at {json.dumps(offsets, sort_keys=True)} "
+              f"({sum(offsets.values())} records); its jobs end after the last epoch there")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Data checks of committed epochs; failing epochs are quarantined (exit status 1)."""
     from rich.console import Console
@@ -444,6 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vacuum only files older than this (writers may be mid-commit)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("bound", help="declare the input ended where its topics end now: "
+                       "jobs end after its last epoch (a bounded run)")
+    p.add_argument("--pipeline", help="declared pipeline (default: the only one declared)")
+    p.add_argument("--topics", help="comma-separated input topics (default: all inputs)")
+    p.set_defaults(func=cmd_bound)
 
     p = sub.add_parser("validate", help="data checks of committed epochs (GX suites and "
                        "cross-region invariants); quarantines failing epochs")

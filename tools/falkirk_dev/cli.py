@@ -21,7 +21,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         args.origin = s.get("origin_ms")
     if args.epoch_seconds is None:
         args.epoch_seconds = s.get("epoch_seconds", 10)
-    return generate.cli(args)
+    code = generate.cli(args)
+    if code == 0 and args.bootstrap != "-":  # all produced: the run ends after its last epoch
+        from dataclasses import replace
+
+        from falkirk.config import load
+        from falkirk.runtime.bounds import declare_bounds
+
+        cfg = load()
+        declare_bounds(pipeline, replace(cfg, kafka_bootstrap=args.bootstrap or
+                                         cfg.kafka_bootstrap))
+    return code
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from falkirk_dev import demo

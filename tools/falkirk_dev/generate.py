@@ -18,9 +18,9 @@ largest timestamp at or before it on its partition, and a late record is read in
 later epoch than its own and dead-lettered by ingest as ``late``. Late records are only
 placed where that holds (the partition is computed with the producer's own hash).
 
-After the data, :func:`falkirk.io.kafka.end_of_stream` writes one marker per partition (key
-``__falkirk_eos__``, empty value, timestamp 2**62): consumers treat it as
-"this partition has passed every epoch" and never as data.
+The input is bounded: once it is all produced, ``falkirk generate`` (and the harness)
+declare the pipeline's input ended there (:mod:`falkirk.runtime.bounds`), so its last
+epoch closes and its jobs end.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
-from falkirk.io.kafka import end_of_stream, ensure_topics
+from falkirk.io.kafka import ensure_topics
 from falkirk.model.schemas import ddl
 
 Record = tuple[bytes, bytes, int]  # (key, value, timestamp_ms)
@@ -66,9 +66,6 @@ MALFORMED_VARIANTS = (
     "amount_on_non_purchase",
 )
 
-# Topic configs: keep every record (input is acknowledged by garbage collection, not
-# deleted by time; generated timestamps may be old), and accept far-future timestamps
-# (the end-of-stream marker; Kafka >= 4.0 rejects CreateTime > now + 1 h by default).
 
 def category_of(item_id: int, categories: int) -> str:
     """An item's category: a fixed function, so every event of an item agrees."""
@@ -477,7 +474,7 @@ def from_args(args: argparse.Namespace) -> tuple[Generated, int, int]:
 
 
 def cli(args: argparse.Namespace) -> int:
-    """``falkirk generate``: generate, create the topics if needed, produce, mark the end.
+    """``falkirk generate``: generate, create the topics if needed, produce.
 
     Fields: seed, events, queries, users, items, categories, epochs, epoch_seconds,
     origin (ISO or ms), malformed, late, rate (records/s, None = burst), bootstrap
@@ -500,7 +497,6 @@ def cli(args: argparse.Namespace) -> int:
         sent = produce(bootstrap, topic_events, topic_queries, g.events, g.queries,
                        rate=None if rate is None else float(rate))  # fmt: skip
         info["seconds"] = round(time.monotonic() - started, 3)
-        info["end_markers"] = {t: end_of_stream(bootstrap, t) for t in sent}
         info["bootstrap"] = bootstrap
         info["sent"] = {t: {str(p): n for p, n in sorted(per.items())} for t, per in sent.items()}
     print(json.dumps(info, indent=1))

@@ -38,7 +38,10 @@ class LocalRun(BaseRun):
         args = generate_args(self.pipeline, bootstrap=self.cfg.kafka_bootstrap, **options)
         with contextlib.redirect_stdout(io.StringIO()) as out:
             generate.cli(args)
-        return json.loads(out.getvalue())
+        info = json.loads(out.getvalue())
+        if "sent" in info:  # produced, not only summarised: the run is bounded there
+            info["bounds"] = self.declare_bounds()
+        return info
 
     # -- outputs ------------------------------------------------------------------------
 

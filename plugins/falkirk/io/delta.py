@@ -10,7 +10,8 @@ Spark runs: the CLI, Airflow tasks, checks, the report):
 * :func:`rollback_table` restores a table with ``DeltaTable.restoreToVersion``. A RESTORE
   keeps every app's transaction version (delta-io/delta#1813): writers that must write
   epochs after the restored version again do so under a new generation (a new app id).
-* :func:`read_version` reads one version (``versionAsOf``).
+* :func:`read_version` reads one version (``versionAsOf``); :func:`read_appends` reads only
+  the rows one epoch appended, through Delta's streaming source.
 * :func:`vacuum_orphans` removes data files no kept version references (a write killed
   before its commit leaves such files).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import time
 from contextlib import suppress
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from falkirk.io.lake import (
     LOG_DIR,
     TABLE_CONFIGURATION,
     DeltaLogReader,
+    NullViolation,
     TableSchemaError,
     file_path,
     local_path,
@@ -154,12 +157,13 @@ class EpochWriter:
             if "NOT NULL constraint violated" not in str(exc):
                 raise
             column = re.search(r"NOT NULL constraint violated for column: ([^.\s]+)", str(exc))
-            raise TableSchemaError(
+            raise NullViolation(
                 f"{self.where}epoch {epoch}: column "
                 f"{column.group(1) if column else '?'!r} of table "
                 f"{self.table_uri.rsplit('/', 1)[-1]!r} is null in a row, but the table "
                 f"declares it non-nullable; nothing of the epoch was committed (fix the job, "
-                f"or send such rows to the region's dead letters)") from None
+                f"or declare a dead-letter table for the region, an edge with schema: "
+                f"dead_letters, and such rows go there)") from None
         maybe_crash("writer:after-commit")
         newest = self.log.table().version()
         version = self.log.find_txn(self.app_id, epoch, newest, before + 1)
@@ -348,3 +352,37 @@ def read_version(
     if version is not None:
         reader = reader.option("versionAsOf", version)
     return reader.load(spark_uri(table_uri.rstrip("/")))
+
+
+def read_appends(spark: SparkSession, table_uri: str, version: int, epoch: int) -> DataFrame:
+    """The rows the sender appended for ``epoch``, which its commit ``version`` holds, read
+    through Delta's streaming source from that version on.
+
+    A region that follows a growing table reads each epoch's increment this way instead of
+    the whole snapshot. The stream starts at ``version`` (the one the epoch log names) and
+    runs to what is there now (``availableNow``); later epochs' appends are filtered out by
+    their ``epoch`` column, and a rollback's RESTORE (a commit that only removes files) is
+    skipped (``skipChangeCommits``): a restore that reached this epoch fenced the reader,
+    whose commit is then refused. Each micro-batch is checkpointed in Spark
+    (``localCheckpoint``), so records stay on the executors, and the stream's own
+    checkpoint folder lasts one read: the epoch log, not the stream, says where to start.
+    """
+    from functools import reduce
+
+    batches: list[DataFrame] = []
+
+    def keep(batch: DataFrame, _batch_id: int) -> None:
+        batches.append(batch.filter(batch["epoch"] == epoch).localCheckpoint())
+
+    source = (spark.readStream.format("delta").option("startingVersion", version)
+              .option("skipChangeCommits", "true").load(spark_uri(table_uri.rstrip("/"))))
+    if "epoch" not in source.columns:
+        raise FalkirkError(f"{table_uri}: read: appends needs an epoch column, which this "
+                           f"table does not have (columns: {', '.join(source.columns)})")
+    with tempfile.TemporaryDirectory(prefix="falkirk-appends-") as checkpoint:
+        query = (source.writeStream.foreachBatch(keep).trigger(availableNow=True)
+                 .option("checkpointLocation", checkpoint).start())
+        query.awaitTermination()
+    if not batches:  # nothing at or after the version (an epoch with no rows)
+        return spark.createDataFrame([], source.schema)
+    return reduce(lambda a, b: a.unionByName(b), batches)

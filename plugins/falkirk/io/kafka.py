@@ -163,13 +163,8 @@ def _json_kind(variant_type: Column) -> Column:
             .when(variant_type == "VOID", F.lit("null")).otherwise(F.lower(variant_type)))
 
 
-#: End-of-stream marker: a record with this key and timestamp ends its partition (every
-#: epoch has passed). It falls in no epoch's range; :func:`read_range` drops it anyway, so a
-#: job never sees one.
-EOS_KEY = b"__falkirk_eos__"
-EOS_TIMESTAMP = 2**62  # later than any epoch; Kafka timestamps are int64 ms
 #: Input topics keep every record until garbage collection says otherwise, whatever its
-#: (event) timestamp, and accept the end-of-stream marker's timestamp.
+#: (event) timestamp (replayed input may be far in the past or the future).
 TOPIC_CONFIGS = {
     "retention.ms": "-1",
     "message.timestamp.after.max.ms": str(2**63 - 1),
@@ -205,33 +200,21 @@ def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
         admin.close()
 
 
-def end_of_stream(bootstrap: str, topic: str) -> int:
-    """Write the end-of-stream marker to every partition of ``topic``; returns how many.
+def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
+    """Per partition of ``topic``: the offset after its last record (where a bounded
+    input that is all produced ends; see ``EpochLog.record_bound``)."""
+    from kafka import KafkaConsumer, TopicPartition
 
-    Key :data:`EOS_KEY`, empty value, timestamp :data:`EOS_TIMESTAMP` = 2**62: a
-    consumer cutting epochs by timestamp sees every epoch of the partition closed, and
-    must never treat the marker as data (:func:`read_range` drops it). A bounded input
-    ends so: its last epoch closes, and jobs without ``--until-epoch`` end.
-    """
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap, client_id="falkirk-end-of-stream",
-                             acks="all")  # fmt: skip
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                             enable_auto_commit=False, client_id="falkirk-bound")
     try:
-        partitions = sorted(producer.partitions_for(topic))
-        futures = [
-            producer.send(topic, key=EOS_KEY, value=b"", partition=p,
-                          timestamp_ms=EOS_TIMESTAMP)  # fmt: skip
-            for p in partitions
-        ]
-        producer.flush()
-        for f in futures:
-            f.get(timeout=60)
+        parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            raise KafkaIOError(f"topic {topic!r} does not exist on {bootstrap}")
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in sorted(parts)])
+        return {str(tp.partition): offset for tp, offset in ends.items()}
     finally:
-        producer.close()
-    return len(partitions)
-
-
+        consumer.close()
 
 
 def read_range(spark: SparkSession, bootstrap: str, topic: str, start: Offsets, end: Offsets,
@@ -239,8 +222,7 @@ def read_range(spark: SparkSession, bootstrap: str, topic: str, start: Offsets, 
     """Exactly the records ``[start, end)`` of ``topic`` (per partition), parsed.
 
     Partitions where the range is empty are not assigned at all; an empty range reads no
-    broker and yields an empty DataFrame of the same columns. End-of-stream markers are
-    dropped.
+    broker and yields an empty DataFrame of the same columns.
     """
     parts = sorted((p for p in end.as_dict() if end.get(p) > start.get(p)), key=int)
     for p in end.as_dict():
@@ -255,9 +237,7 @@ def read_range(spark: SparkSession, bootstrap: str, topic: str, start: Offsets, 
            .option("startingOffsets", json.dumps({topic: {p: start.get(p) for p in parts}}))
            .option("endingOffsets", json.dumps({topic: {p: end.get(p) for p in parts}}))
            .load())
-    from pyspark.sql import functions as F
-
-    return parse_values(raw, value_ddl).filter(~F.col("key").eqNullSafe(EOS_KEY.decode()))
+    return parse_values(raw, value_ddl)
 
 
 def _empty_source(spark: SparkSession) -> DataFrame:

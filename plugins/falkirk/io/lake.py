@@ -37,6 +37,11 @@ class TableSchemaError(FalkirkError, ValueError):
     """A table exists with another schema than the one its writer writes."""
 
 
+class NullViolation(TableSchemaError):
+    """An epoch's rows hold a null in a column the table declares non-nullable (Delta
+    refused the commit: nothing of the epoch was written)."""
+
+
 def ensure_table(table_uri: str, schema: pa.Schema,
                  storage_options: dict[str, str] | None = None, commit_properties=None):
     """The table at ``table_uri``, created (an empty version 0) if missing; a table of

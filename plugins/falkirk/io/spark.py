@@ -35,6 +35,31 @@ def dead_letters(rows, epoch):
     ), "dead_letters")
 
 
+def null_violations(df, schema, table: str, epoch: int):
+    """``(rows, refused)``: the rows of ``df`` with a value in every column ``schema``
+    declares non-nullable, and the others as ``dead_letters`` rows whose reason names the
+    first such column that is null, the source being the table and the raw value the row
+    as JSON (partition and offset -1: the row came from a job, not from a topic)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    required = [f.name for f in schema if not f.nullable and f.name in df.columns]
+    if not required:
+        return df, None
+    null = reduce(lambda a, b: a | b, [F.col(f"`{c}`").isNull() for c in required])
+    reason = F.coalesce(*[
+        F.when(F.col(f"`{c}`").isNull(), F.lit(
+            f"column {c!r} is null, but table {table!r} declares it non-nullable"))
+        for c in required])
+    refused = df.filter(null).select(
+        F.lit(epoch).alias("epoch"), F.lit(f"table {table}").alias("source"),
+        F.lit(-1).alias("partition"), F.lit(-1).alias("offset"),
+        F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("raw"),
+        reason.alias("reason"))
+    return df.filter(~null), conform(refused, "dead_letters")
+
+
 def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     """A Spark session for this machine's profile.
 

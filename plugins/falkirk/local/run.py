@@ -193,8 +193,9 @@ class LocalRun:
     # -- input from files -----------------------------------------------------------
 
     def produce_files(self, folder: Path) -> dict[str, int]:
-        """Send ``<folder>/<topic>.jsonl`` to each input topic, then end every input with
-        the end-of-stream marker (a bounded input: its last epoch closes, jobs end).
+        """Send ``<folder>/<topic>.jsonl`` to each input topic, then declare the input
+        bounded there (:func:`falkirk.runtime.bounds.declare_bounds`: its last epoch
+        closes, jobs end).
 
         One record per line; the value is the line as it is (a line that is not JSON is
         sent too: the job dead-letters it), the Kafka timestamp is the record's ``ts``
@@ -205,7 +206,7 @@ class LocalRun:
         """
         from kafka import KafkaProducer
 
-        from falkirk.io.kafka import end_of_stream, ensure_topics
+        from falkirk.io.kafka import ensure_topics
 
         inputs = {e.topic: e.partitions for e in self.pipeline.edges.values()
                   if e.kind == "kafka" and e.src is None}
@@ -242,7 +243,12 @@ class LocalRun:
                 sent[topic] = len(futures)
         finally:
             producer.close()
-        for topic in inputs:
-            end_of_stream(self.cfg.kafka_bootstrap, topic)
+        self.declare_bounds()
         return sent
+
+    def declare_bounds(self) -> dict[str, dict[str, int]]:
+        """The input is all produced: bound every input topic where it ends now."""
+        from falkirk.runtime.bounds import declare_bounds
+
+        return declare_bounds(self.pipeline, self.cfg, self.log)
 

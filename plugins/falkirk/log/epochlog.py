@@ -283,6 +283,17 @@ class EpochLog:
         self._append("ends", [{"pipeline": pipeline, "region": r, "through": through,
                                "generation": generation, "recorded_at": now} for r in regions])
 
+    def record_bound(self, pipeline: str, topic: str, offsets: dict[str, int]) -> None:
+        """The pipeline's input ``topic`` ends at ``offsets`` (per partition, exclusive)."""
+        self._append("bounds", [{"pipeline": pipeline, "topic": topic,
+                                 "offsets": json.dumps(offsets, sort_keys=True),
+                                 "recorded_at": datetime.now(UTC)}])
+
+    def bounds(self, pipeline: str) -> dict[str, dict[str, int]]:
+        """Per bounded input topic: its end offsets (the latest declaration)."""
+        return {row["topic"]: json.loads(row["offsets"])
+                for row in self._read("bounds", pipeline)}
+
     def record_job_run(self, pipeline: str, job: str, regions: Iterable[str], generation: int,
                        status: str, exit_code: int | None = None,
                        last_epoch: int | None = None, message: str | None = None) -> None:

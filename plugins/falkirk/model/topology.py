@@ -20,6 +20,7 @@ from falkirk.regimes import REGIMES, Regime
 PIPELINES_DIR = Path(__file__).resolve().parents[3] / "schemas" / "pipelines"
 
 EDGE_KINDS = ("kafka", "delta", "unlogged")
+DELTA_READS = ("snapshot", "appends")  # how a receiver reads a delta edge (EdgeSpec.read)
 NAME_RULE = re.compile(r"^[a-z][a-z0-9_]*$")  # pipeline and region names
 
 
@@ -97,6 +98,11 @@ class EdgeSpec:
     # receiver at epoch e has delivered them up to e - delay.
     delay: int = 0
     schema: str | None = None  # schemas/tables/<schema>.json when it differs from the table
+    # How the receiver reads a Delta edge each epoch: "snapshot", the table as of the
+    # sender's epoch (versionAsOf); "appends", only the rows the sender appended for that
+    # epoch, followed through Delta's streaming source (for a region that reads a growing
+    # table continuously and needs each epoch's increment, not the whole table).
+    read: str = "snapshot"
 
     @property
     def table_schema(self) -> str:
@@ -122,6 +128,12 @@ class Pipeline:
 
     def out_edges(self, region: str) -> list[EdgeSpec]:
         return [e for e in self.edges.values() if e.src == region]
+
+    def dead_letter_edge(self, region: str) -> EdgeSpec | None:
+        """The region's dead-letter table: its Delta output of schema ``dead_letters`` (rows
+        it could not use, and rows its other outputs refused), or None."""
+        return next((e for e in self.out_edges(region)
+                     if e.kind == "delta" and e.table_schema == "dead_letters"), None)
 
     def checks_setting(self, name: str, default: Any = None) -> Any:
         """``settings.checks.<name>`` of the declaration (read by the validator, and by the
@@ -242,7 +254,7 @@ class Pipeline:
             if not isinstance(spec, dict):
                 raise fail(where, "expected a mapping")
             extra = set(spec) - {"kind", "from", "to", "topic", "partitions", "table", "delay",
-                                 "schema"}
+                                 "schema", "read"}
             if extra:
                 raise fail(where, f"unknown keys {sorted(extra)}")
             kind = spec.get("kind")
@@ -273,8 +285,14 @@ class Pipeline:
             delay = spec.get("delay", 0)
             if not isinstance(delay, int) or delay < 0:
                 raise fail(where, f"delay must be an integer ≥ 0, got {delay!r}")
+            read = spec.get("read", "snapshot")
+            if read not in DELTA_READS:
+                raise fail(where, f"read must be one of {', '.join(DELTA_READS)}, got {read!r}")
+            if read != "snapshot" and (kind != "delta" or dst is None):
+                raise fail(where, f"read: {read} is how a region reads a delta edge; this edge "
+                                  f"is {kind}{'' if dst else ' and has no receiver'}")
             edges[ename] = EdgeSpec(ename, kind, src, dst, spec.get("topic"), partitions,
-                                    spec.get("table"), delay, spec.get("schema"))
+                                    spec.get("table"), delay, spec.get("schema"), read)
 
         writers: dict[str, set[str]] = {}
         for e in edges.values():

@@ -5,8 +5,9 @@ by unlogged edges (records passed inside the job). The runner drives the job's e
 
 1. wait until epoch e is complete at every input: a Kafka input has a record at or after
    the epoch's end in every partition (found with the broker's time index, records are
-   stamped with their event time), or the partition's end-of-stream marker; a logged
-   Delta edge has the sender's epoch ``e - delay`` committed in the epoch log;
+   stamped with their event time), or the partition reached its declared bound (a bounded
+   run: the end offsets in the log's ``bounds`` table); a logged Delta edge has the
+   sender's epoch ``e - delay`` committed in the epoch log;
 2. log ``running``; read the epoch's input (Kafka: exactly the offset range of the cut,
    with Spark's Kafka connector; Delta: the table at the version the sender logged);
 3. run the job's pure transforms (the job's :class:`JobLogic`);
@@ -32,6 +33,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import reduce
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,7 +42,7 @@ import pyarrow as pa
 
 from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
-from falkirk.io.kafka import EOS_TIMESTAMP, broker_retry
+from falkirk.io.kafka import broker_retry
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.model.schemas import arrow_schema, ddl, find
 from falkirk.model.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
@@ -51,6 +53,7 @@ log = logging.getLogger("falkirk.runtime")
 
 
 SENDER_CHECK_S = 5.0  # how often a waiting region looks whether its sender's job died
+BOUND_CHECK_S = 2.0  # how often a waiting job re-reads the declared bounds of its inputs
 
 
 class RuntimeFailure(FalkirkError):
@@ -109,23 +112,28 @@ class KafkaCut:
                         for tp, o in self.consumer.beginning_offsets(self.tps).items()})
 
     @broker_retry
-    def cut(self, end_ms: int) -> Offsets | None:
-        """Offsets where the epoch ending at ``end_ms`` stops; None while incomplete."""
-        found = self.consumer.offsets_for_times({tp: end_ms for tp in self.tps})
-        if any(v is None for v in found.values()):
-            return None
-        return Offsets({str(tp.partition): v.offset for tp, v in found.items()})
+    def cut(self, end_ms: int, bound: Offsets | None = None) -> Offsets | None:
+        """Offsets where the epoch ending at ``end_ms`` stops; None while incomplete.
 
-    @broker_retry
-    def ended(self, position: Offsets) -> bool:
-        """Every partition is at its end-of-stream marker: no epoch will ever come."""
-        found = self.consumer.offsets_for_times({tp: EOS_TIMESTAMP for tp in self.tps})
-        ends = self.consumer.end_offsets(self.tps)
-        return all(
-            v is not None and v.offset == position.get(str(tp.partition))
-            and ends[tp] == v.offset + 1
-            for tp, v in found.items()
-        )
+        With a ``bound`` (a bounded run), a partition with no record at or after the end is
+        complete at its bound, and no cut goes past it."""
+        found = self.consumer.offsets_for_times({tp: end_ms for tp in self.tps})
+        cut = {}
+        for tp, v in found.items():
+            p = str(tp.partition)
+            if bound is None:
+                if v is None:
+                    return None
+                cut[p] = v.offset
+            else:
+                cut[p] = bound.get(p) if v is None else min(v.offset, bound.get(p))
+        return Offsets(cut)
+
+    @staticmethod
+    def ended(position: Offsets, bound: Offsets | None) -> bool:
+        """Every partition reached the declared bound: no epoch will ever come."""
+        return bound is not None and all(position.get(p) >= bound.get(p)
+                                         for p in bound.as_dict())
 
     def close(self) -> None:
         self.consumer.close()
@@ -250,6 +258,8 @@ class JobRunner:
         self.cuts: dict[str, KafkaCut] = {}
         self._sender_checked: dict[str, float] = {}  # edge -> when its sender was last checked
         self._said_dead: set[tuple] = set()  # (job, pid, started) already said to be dead
+        self._bounds: dict[str, Offsets] = {}  # input topic -> its declared end
+        self._bounds_read = float("-inf")
         for e in self._external_inputs():
             self.cuts[e.name] = KafkaCut(self.cfg.kafka_bootstrap, e.topic)
             self.positions[e.name] = self._start_offsets(e, logs)
@@ -377,9 +387,10 @@ class JobRunner:
                 if edge.kind == "kafka":
                     cut = self.cuts[edge.name]
                     position = self.positions[edge.name]
-                    if cut.ended(position):
+                    bound = self._bound(edge.topic)
+                    if cut.ended(position, bound):
                         return None
-                    end = cut.cut(self.clock.end_ms(e))
+                    end = cut.cut(self.clock.end_ms(e), bound)
                     if end is None:
                         return False
                     # Never before where the previous epoch stopped (cuts only move on).
@@ -413,6 +424,15 @@ class JobRunner:
                             f"edge {edge.name!r}")
                     where[edge.name] = version
         return where
+
+    def _bound(self, topic: str) -> Offsets | None:
+        """The declared end of input ``topic`` (a bounded run), or None (a continuous run);
+        read from the log at most every :data:`BOUND_CHECK_S` seconds."""
+        now = time.monotonic()
+        if now - self._bounds_read >= BOUND_CHECK_S:
+            self._bounds = {t: Offsets(o) for t, o in self.log.bounds(self.pipeline.name).items()}
+            self._bounds_read = now
+        return self._bounds.get(topic)
 
     def _say_if_sender_died(self, edge: EdgeSpec, needed: int) -> None:
         """Waiting on a region whose job is dead: say so at once (once per job run), not
@@ -449,7 +469,7 @@ class JobRunner:
         return self.log.passed_checks(self.pipeline.name)
 
     def process_epoch(self, e: int, where: dict) -> None:
-        from falkirk.io.delta import read_version
+        from falkirk.io.delta import read_appends, read_version
         from falkirk.io.kafka import produce, read_range
 
         started = time.monotonic()
@@ -488,6 +508,10 @@ class JobRunner:
                     if version is None:
                         inputs[edge.name] = self.spark.createDataFrame(
                             [], _empty_schema(self.pipeline, edge))
+                    elif edge.read == "appends":
+                        inputs[edge.name] = read_appends(self.spark, uri, version,
+                                                         e - edge.delay)
+                        ranges[edge.name] = {"version": version, "read": "appends"}
                     else:
                         inputs[edge.name] = read_version(self.spark, uri, version,
                                                          self.cfg.delta_storage_options or None)
@@ -502,17 +526,23 @@ class JobRunner:
                 outputs[r] = dict(redo[r].outputs or {})
                 continue
             committed: dict[str, int] = {}  # table -> version (edges may share a table)
-            for edge in self.pipeline.out_edges(r):
+            dead = self.pipeline.dead_letter_edge(r)
+            refused: list[Any] = []  # rows other outputs refused, for the dead letters
+            for edge in sorted(self.pipeline.out_edges(r), key=lambda x: x == dead):
                 if edge.kind == "unlogged":
                     continue
                 df = result.outputs.get(edge.name, result.outputs.get(edge.table))
                 if df is None and edge.table not in committed:
                     raise RuntimeFailure(f"job {type(self.logic).__name__} produced nothing for "
                                          f"edge {edge.name!r} of region {r!r} in epoch {e}")
+                if edge == dead and refused:
+                    df = reduce(lambda a, b: a.unionByName(b), refused, df)
                 if edge.kind == "delta":
                     if edge.table not in committed:
-                        committed[edge.table] = (self._commit(r, edge, df, e) if self.persist
-                                                 else _materialize(df))
+                        committed[edge.table] = (
+                            self._commit(r, edge, df, e, refused if dead and edge != dead
+                                         else None)
+                            if self.persist else _materialize(df))
                     outputs[r][edge.name] = {"table": edge.table,
                                              "version": committed[edge.table]}
                 else:
@@ -572,9 +602,24 @@ class JobRunner:
     def _time(self, region: str, e: int) -> Any:
         return time_of(self.pipeline.regions[region].domain, e)
 
-    def _commit(self, region: str, edge: EdgeSpec, df: Any, e: int) -> int:
+    def _commit(self, region: str, edge: EdgeSpec, df: Any, e: int,
+                refused: list | None = None) -> int:
+        """Commit one output of epoch e; its table's version. With ``refused`` (the region
+        has a dead-letter table), rows with a null where the table declares none are taken
+        out and added to ``refused`` when Delta refuses them: the rest commits."""
+        from falkirk.io.lake import NullViolation
+        from falkirk.io.spark import null_violations
+
         w = self.writer(region, edge)
-        result = w.write_epoch(df, e)
+        try:
+            result = w.write_epoch(df, e)
+        except NullViolation as err:
+            if refused is None:
+                raise
+            df, bad = null_violations(df, w.schema, edge.table, e)
+            log.warning("%s; those rows go to the region's dead letters", err)
+            refused.append(bad)
+            result = w.write_epoch(df, e)
         if result is not None:
             return result.version
         version = w.version_of(e)  # committed before a crash, in this generation

@@ -101,8 +101,7 @@ def main(args: Namespace) -> dict:
                 started["t"] = time.time()
                 generate.produce(live.cfg.kafka_bootstrap, "events", "queries", g.events,
                                  g.queries, rate=rate)
-                for topic in ("events", "queries"):
-                    generate.end_of_stream(live.cfg.kafka_bootstrap, topic)
+                live.declare_bounds()
 
             producer = threading.Thread(target=feed, daemon=True)
             with console.status(f"latency: {args.latency_epochs} epochs of "
