@@ -43,13 +43,10 @@ COPY . .
 RUN uv sync --locked --no-dev --extra postgres
 
 # The JVM parts (Spark's Kafka connector, delta-spark, the Kafka broker jars) from Maven
-# Central, as bin/setup fetches them: jobs load them with spark.jars, never at start.
+# Central with `falkirk jars`, as bin/setup does: jobs load them with spark.jars, never
+# at start.
 RUN set -eux; \
-    for set in spark kafka; do \
-      mvn -q -B -f "jvm/$set/pom.xml" dependency:copy-dependencies \
-        -DoutputDirectory="/opt/falkirk/jvm/lib/$set"; \
-      sha256sum "jvm/$set/pom.xml" | cut -d' ' -f1 > "/opt/falkirk/jvm/lib/$set/.pom.sha256"; \
-    done; \
+    FALKIRK_JARS_DIR=/opt/falkirk/jvm/lib /opt/venv/bin/falkirk jars; \
     rm -rf /root/.m2
 
 # A non-root user (uid 50000, group 0 as in Airflow's own image); the folders that

@@ -51,6 +51,20 @@ def world(tmp_path, world_template, spark):
 
 
 @pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """falkirk's wheel, built once per session from this checkout."""
+    import shutil
+
+    dest = tmp_path_factory.mktemp("dist")
+    # uv: on PATH, or the system python's module that bin/setup installs
+    uv = [shutil.which("uv")] if shutil.which("uv") else ["python3", "-m", "uv"]
+    subprocess.run([*uv, "build", "--wheel", "-q", "-o", str(dest), str(REPO_ROOT)],
+                   check=True, timeout=300)
+    [built] = dest.glob("falkirk-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
 def airflow_env(tmp_path_factory):
     """A migrated SQLite Airflow home of its own, set before Airflow is first imported."""
     if "airflow.configuration" in sys.modules:

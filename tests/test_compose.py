@@ -249,8 +249,9 @@ def test_spark_packages_match_the_pinned_pyspark_and_the_jars_come_from_the_imag
     [hadoop_jar] = (pyspark / "jars").glob("hadoop-client-api-*.jar")
     hadoop = hadoop_jar.stem.removeprefix("hadoop-client-api-")
     assert packages == {"org.apache.hadoop:hadoop-aws": hadoop}  # the Hadoop inside pyspark
-    # delta-spark and the Kafka connector: the image fetches jvm/*/pom.xml at build time.
-    assert "dependency:copy-dependencies" in DOCKERFILE.read_text()
+    # delta-spark and the Kafka connector: the image fetches falkirk/jvm/*/pom.xml at build
+    # time, as bin/setup does.
+    assert "falkirk jars" in DOCKERFILE.read_text()
 
 
 def test_every_falkirk_service_runs_with_falkirk_env_compose(services):
@@ -427,7 +428,10 @@ def test_falkirk_dockerfile_uses_bin_setups_uv_and_the_projects_python():
 
 
 def test_compose_runs_the_kafka_version_the_embedded_broker_runs(services):
-    """One Kafka version: the embedded broker's jars (jvm/kafka/pom.xml) and compose's."""
-    pom = (REPO_ROOT / "jvm" / "kafka" / "pom.xml").read_text()
+    """One Kafka version: the embedded broker's jars (falkirk/jvm/kafka/pom.xml) and
+    compose's."""
+    from falkirk.io.jars import pom
+
+    pom = pom("kafka").read_text()
     version = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom).group(1)
     assert services["kafka"]["image"] == f"apache/kafka:{version}"

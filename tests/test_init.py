@@ -1,7 +1,8 @@
-"""What docs/guide.md tells a new user, done from a folder outside the checkout: `falkirk
-init`, its own unit tests, `falkirk pipelines`, `falkirk run` on the embedded defaults, its
-DAGs in Airflow, a job killed mid-epoch and rolled back with outputs equal to the
-failure-free run, and malformed records in its dead-letter table."""
+"""What docs/guide.md tells a new user, done with falkirk installed from its wheel and from
+a folder outside the checkout: `falkirk jars`, `falkirk init`, its own unit tests,
+`falkirk pipelines`, `falkirk run` on the embedded defaults, its DAGs in Airflow, a job
+killed mid-epoch and rolled back with outputs equal to the failure-free run, malformed
+records and rows the writer refused in its dead-letter table."""
 
 from __future__ import annotations
 
@@ -20,10 +21,55 @@ pytestmark = pytest.mark.slow  # Spark jobs and the broker
 TABLES = ("clean_clicks", "page_counts", "user_totals", "clicks_dead_letters")
 
 
+#: falkirk as a user has it (see ``installed``): its interpreter and environment.
+USER: dict = {"python": sys.executable, "env": {}}
+
+
 def falkirk(*args: str, env: dict | None = None, timeout: float = 900
             ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "falkirk.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run([USER["python"], "-m", "falkirk.cli", *args], capture_output=True,
+                          text=True, timeout=timeout,
+                          env={**os.environ, **USER["env"], **(env or {})})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed(tmp_path_factory, wheel):
+    """falkirk installed from its wheel into a virtual environment of its own, outside the
+    checkout, with its JVM jars fetched by ``falkirk jars`` into its own home. Its
+    dependencies are this checkout's (a path file links their site-packages; the
+    checkout's editable path file is not read), so nothing is downloaded but the jars,
+    from the local Maven cache."""
+    import shutil
+    import sysconfig
+
+    root = tmp_path_factory.mktemp("user_install")
+    uv = [shutil.which("uv")] if shutil.which("uv") else ["python3", "-m", "uv"]
+    venv = root / "venv"
+    subprocess.run([*uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True,
+                   capture_output=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; "
+                              "print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "_checkout_dependencies.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([*uv, "pip", "install", "-q", "--no-deps", "--python", str(python),
+                    str(wheel)], check=True, capture_output=True, timeout=300)
+    USER.update(python=str(python), env={
+        "FALKIRK_HOME": str(root / "home"), "FALKIRK_JARS_DIR": "",
+        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"})
+    where = subprocess.run(
+        [str(python), "-c", "import falkirk, importlib.util as u; "
+         "print(falkirk.__file__, u.find_spec('falkirk_dev') is None)"],
+        capture_output=True, text=True, cwd=root, env={**os.environ, **USER["env"]})
+    assert where.stdout.split() == [str(Path(purelib, "falkirk", "__init__.py")), "True"], \
+        where.stdout + where.stderr
+    fetched = falkirk("jars")
+    assert fetched.returncode == 0, fetched.stderr
+    assert f"spark: 6 jars in {root / 'home' / 'jvm' / 'lib' / 'spark'}, complete" in \
+        fetched.stdout
+    yield
+    USER.update(python=sys.executable, env={})
 
 
 def rows(lake: Path) -> dict[str, list[str]]:
@@ -53,9 +99,9 @@ def test_init_writes_a_pipeline_that_validates_and_whose_own_tests_pass(clicks):
     folder, _ = clicks
     listed = falkirk("pipelines", "--json", env={"FALKIRK_PIPELINES": str(folder.parent)})
     assert json.loads(listed.stdout)["clicks"]["error"] is None
-    own = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    own = subprocess.run([USER["python"], "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           str(folder / "tests")], capture_output=True, text=True, timeout=600,
-                         cwd=folder)
+                         cwd=folder, env={**os.environ, **USER["env"]})
     assert own.returncode == 0, own.stdout[-3000:]
     assert "2 passed" in own.stdout
 
@@ -174,3 +220,48 @@ def test_airflow_gets_the_new_pipelines_dags_with_nothing_copied(clicks, airflow
     streams = bag.dags["falkirk_clicks_streams"]
     assert "`jobs/clean.py` (clean)" in streams.doc_md
     assert "`jobs/user_totals.py` (user_totals)" in streams.doc_md
+
+
+def test_airflow_runs_the_new_pipeline_with_its_generated_dags(clicks, tmp_path):
+    """The guide's step 4 with a live Airflow (bin/airflow: scheduler, API server, dag
+    processor, LocalExecutor on SQLite): the pipeline folder is found through
+    FALKIRK_PIPELINES with nothing copied; unpaused, its streams DAG starts and watches the
+    stream jobs and its batch DAG runs page_counts once per epoch; every region commits
+    every epoch and the tables equal the ones `falkirk run` made."""
+    from falkirk.local.run import LocalRun
+    from falkirk_dev.demo.airflow import AirflowAPI, _free_port_block
+
+    folder, _ = clicks
+    golden = rows(folder / ".falkirk" / "run" / "lake")
+    home = tmp_path / "airflow"
+    bin_airflow = str(REPO_ROOT / "bin" / "airflow")
+    dags = ("falkirk_clicks_streams", "falkirk_clicks_batch_page_counts")
+    with LocalRun(tmp_path / "run", folder / "pipeline.yaml") as run:
+        run.produce_files(folder / "input")  # and the bound: the jobs end after epoch 5
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        env.update(run.env, FALKIRK_AIRFLOW_HOME=str(home), FALKIRK_BATCH_EPOCHS="6",
+                   FALKIRK_PIPELINES=str(folder.parent))
+        port = _free_port_block()
+        try:
+            subprocess.run([bin_airflow, "start", "--port", str(port)], env=env, check=True,
+                           timeout=300, capture_output=True)
+            api = AirflowAPI(f"http://127.0.0.1:{port}", home)
+            run.wait_for(lambda: all(api._request("GET", f"/api/v2/dags/{d}")[0] == 200
+                                     for d in dags), timeout_s=300,
+                         what="the dag processor to parse the generated DAGs")
+            for dag_id in dags:
+                api.pause(dag_id, False)
+
+            def committed() -> dict[str, int]:
+                return {r: sum(x.status in ("committed", "checkpointed")
+                               for x in log.entries.values())
+                        for r, log in run.log.regions(run.pipeline).items()}
+
+            run.wait_for(lambda: set(committed().values()) == {6}, timeout_s=900,
+                         what="every region's 6 epochs under Airflow")
+            runs = api.runs("falkirk_clicks_batch_page_counts")
+            assert len(runs) == 6 and {r["state"] for r in runs} == {"success"}, runs
+            assert api.runs("falkirk_clicks_streams"), "the streams DAG never ran"
+        finally:
+            subprocess.run([bin_airflow, "stop"], env=env, timeout=120, capture_output=True)
+        assert rows(Path(run.cfg.lake)) == golden

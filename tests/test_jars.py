@@ -14,7 +14,7 @@ from falkirk.io import jars
 def jar_root(tmp_path, monkeypatch):
     """A copy of the fetched jar folders that a test may damage."""
     for name in jars.SETS:
-        shutil.copytree(jars.JVM_DIR / "lib" / name, tmp_path / name)
+        shutil.copytree(jars.lib_dir() / name, tmp_path / name)
     monkeypatch.setenv("FALKIRK_JARS_DIR", str(tmp_path))
     jars._checked.cache_clear()
     yield tmp_path
@@ -40,7 +40,7 @@ def test_missing_jars_name_bin_setup(jar_root):
 
 def test_an_incomplete_fetch_is_refused(jar_root):
     (jar_root / "kafka" / jars.STAMP).unlink()  # the copy never finished
-    with pytest.raises(jars.JarsError, match="do not match jvm/kafka/pom.xml"):
+    with pytest.raises(jars.JarsError, match="do not match falkirk/jvm/kafka/pom.xml"):
         jars.kafka_classpath()
 
 

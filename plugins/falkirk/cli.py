@@ -226,6 +226,22 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_jars(args: argparse.Namespace) -> int:
+    """Fetch the JVM jars (Spark's Kafka connector, delta-spark, the Kafka broker) from
+    Maven Central into the jar folder, or only check them (--check)."""
+    from falkirk.io import jars
+
+    try:
+        for name in jars.SETS:
+            if not args.check and jars.fetch(name):
+                print(f"fetched the {name} jars into {jars.lib_dir() / name}")
+            found = jars.jars(name)
+            print(f"{name}: {len(found)} jars in {jars.lib_dir() / name}, complete")
+    except jars.JarsError as err:
+        raise CliError(str(err)) from None
+    return 0
+
+
 def cmd_bound(args: argparse.Namespace) -> int:
     """Declare the pipeline's input ended where its topics end now (a bounded run)."""
     from falkirk.runtime.bounds import declare_bounds
@@ -459,6 +475,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vacuum only files older than this (writers may be mid-commit)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("jars", help="fetch the JVM jars (Kafka connector, delta-spark, the "
+                       "Kafka broker) from Maven Central, once")
+    p.add_argument("--check", action="store_true", help="only check them; fetch nothing")
+    p.set_defaults(func=cmd_jars)
 
     p = sub.add_parser("bound", help="declare the input ended where its topics end now: "
                        "jobs end after its last epoch (a bounded run)")

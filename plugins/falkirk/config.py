@@ -1,7 +1,8 @@
 """One configuration object, chosen by one environment variable.
 
-``FALKIRK_ENV=local`` (the default) keeps every Delta table under a folder of the
-repository, talks to a local Kafka-compatible broker and runs Spark as local[2].
+``FALKIRK_ENV=local`` (the default) keeps every Delta table under this machine's falkirk
+folder (``var/`` of a checkout, ``$FALKIRK_HOME`` or ~/.falkirk otherwise), talks to a
+local Kafka broker and runs Spark as local[2].
 ``FALKIRK_ENV=compose`` matches docker-compose.yml: Apache Kafka, a Spark master and
 the tables on the S3-compatible store. Single values can be overridden with
 ``FALKIRK_<FIELD>`` (for tests that need their own folder or broker port).
@@ -16,6 +17,12 @@ from pathlib import Path
 from falkirk.errors import FalkirkError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The checkout falkirk runs from (an editable install), or None for an installed wheel.
+CHECKOUT: Path | None = REPO_ROOT if (REPO_ROOT / "plugins" / "falkirk").is_dir() else None
+#: This machine's falkirk folder: pid files, logs, the local lake and broker, the JVM
+#: jars of a wheel install. ``var/`` in a checkout, else ``$FALKIRK_HOME`` or ~/.falkirk.
+STATE_DIR = Path(os.environ.get("FALKIRK_HOME") or (
+    REPO_ROOT / "var" if CHECKOUT else Path.home() / ".falkirk"))
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,7 @@ class Config:
     # fills (the JVM then stops compiling): keep the tiered default, 240 MB.
     spark_driver_java_options: str = ""
     broker_data_dir: str = ""  # where the local broker keeps its data (local only)
-    var_dir: str = str(REPO_ROOT / "var")  # pid files, logs, locks of this machine
+    var_dir: str = str(STATE_DIR)  # pid files, logs, locks of this machine
     storage_options: tuple[tuple[str, str], ...] = ()  # for delta-rs on an object store
     # Folders of the user's pipelines ($FALKIRK_PIPELINES, separated by ":"), searched
     # before the checkout's schemas/pipelines: <folder>/<name>.yaml or
@@ -73,12 +80,12 @@ class Config:
 PROFILES: dict[str, Config] = {
     "local": Config(
         env="local",
-        lake=str(REPO_ROOT / "var" / "lake"),
+        lake=str(STATE_DIR / "lake"),
         kafka_bootstrap="127.0.0.1:19092",
         spark_master="local[2]",
         spark_driver_java_options=("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
                                    " -XX:ReservedCodeCacheSize=240m"),
-        broker_data_dir=str(REPO_ROOT / "var" / "broker"),
+        broker_data_dir=str(STATE_DIR / "broker"),
     ),
     "compose": Config(
         env="compose",

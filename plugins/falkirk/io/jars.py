@@ -1,65 +1,103 @@
-"""The JVM parts falkirk loads, fetched from Maven Central by ``bin/setup``.
+"""The JVM parts falkirk loads, fetched from Maven Central at set-up.
 
-Two sets, each declared by a pom in ``jvm/`` and copied into its own folder under
-``jvm/lib/`` (ignored by git):
+Two sets, each declared by a pom shipped in the package (``falkirk/jvm/<set>/pom.xml``)
+and copied by ``falkirk jars`` (which ``bin/setup`` runs) into its own folder of the jar
+folder: ``jvm/lib/`` in a checkout, ``$FALKIRK_HOME/jvm/lib`` for an installed wheel,
+``$FALKIRK_JARS_DIR`` when set:
 
 * ``spark``: Spark's Kafka connector and delta-spark, given to every driver and executor
   with ``spark.jars`` (never Ivy resolution at job start: a job starts without network);
 * ``kafka``: Apache Kafka's broker, run in KRaft mode as the embedded broker.
 
-``bin/setup`` writes ``.pom.sha256`` beside the jars once the copy is complete; a folder
-without it, or whose pom changed since, or with a jar that is not a readable archive, is
-refused here with the command that repairs it.
+A complete copy gets ``.pom.sha256`` (the pom's digest) beside its jars; a folder without
+it, or whose pom changed since, or with a jar that is not a readable archive, is refused
+here with the command that repairs it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import subprocess
 import zipfile
 from functools import cache
 from pathlib import Path
 
+from falkirk.config import CHECKOUT, STATE_DIR
 from falkirk.errors import FalkirkError
 
-JVM_DIR = Path(__file__).resolve().parents[3] / "jvm"
+JVM_DIR = Path(__file__).resolve().parents[1] / "jvm"  # the poms, shipped in the wheel
 STAMP = ".pom.sha256"
 SETS = ("spark", "kafka")
+#: What repairs the jar folder: bin/setup in a checkout, the verb itself for a wheel.
+REPAIR = "bin/setup" if CHECKOUT else "falkirk jars"
 
 
 class JarsError(FalkirkError):
-    """The JVM jars are missing, stale or corrupt: ``bin/setup`` fetches them."""
+    """The JVM jars are missing, stale or corrupt: ``falkirk jars`` fetches them."""
 
 
 def lib_dir() -> Path:
-    """Where the jar folders live (``FALKIRK_JARS_DIR`` overrides ``jvm/lib``)."""
-    return Path(os.environ.get("FALKIRK_JARS_DIR") or JVM_DIR / "lib")
+    """Where the jar folders live (``FALKIRK_JARS_DIR`` overrides the default)."""
+    default = CHECKOUT / "jvm" / "lib" if CHECKOUT else STATE_DIR / "jvm" / "lib"
+    return Path(os.environ.get("FALKIRK_JARS_DIR") or default)
+
+
+def pom(name: str) -> Path:
+    return JVM_DIR / name / "pom.xml"
 
 
 def pom_digest(name: str) -> str:
-    return hashlib.sha256((JVM_DIR / name / "pom.xml").read_bytes()).hexdigest()
+    return hashlib.sha256(pom(name).read_bytes()).hexdigest()
 
 
 @cache
 def _checked(folder: Path, digest: str) -> tuple[str, ...]:
     if not folder.is_dir():
-        raise JarsError(f"no JVM jars in {folder}: run bin/setup (it fetches them from Maven "
+        raise JarsError(f"no JVM jars in {folder}: run {REPAIR} (it fetches them from Maven "
                         "Central)")
     stamp = folder / STAMP
     if not stamp.exists() or stamp.read_text().strip() != digest:
-        raise JarsError(f"the jars in {folder} do not match jvm/{folder.name}/pom.xml "
-                        "(incomplete fetch, or the pom changed): run bin/setup")
+        raise JarsError(f"the jars in {folder} do not match falkirk/jvm/{folder.name}/pom.xml "
+                        f"(incomplete fetch, or the pom changed): run {REPAIR}")
     jars = sorted(str(p) for p in folder.glob("*.jar"))
     if not jars:
-        raise JarsError(f"{folder} holds no jar: run bin/setup")
+        raise JarsError(f"{folder} holds no jar: run {REPAIR}")
     for jar in jars:
         try:
             with zipfile.ZipFile(jar):  # reads the central directory: a cut download fails
                 pass
         except (zipfile.BadZipFile, OSError) as exc:
             raise JarsError(f"{jar} is corrupt ({exc}): delete {folder} and run "
-                            "bin/setup") from exc
+                            f"{REPAIR}") from exc
     return tuple(jars)
+
+
+def fetch(name: str) -> bool:
+    """Copy one set's jars from Maven Central (``mvn dependency:copy-dependencies``) into
+    its folder, unless a complete copy of this pom is there; True when it fetched."""
+    folder = lib_dir() / name
+    digest = pom_digest(name)
+    stamp = folder / STAMP
+    if stamp.exists() and stamp.read_text().strip() == digest:
+        return False
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise JarsError("Maven (mvn) is not installed: it fetches the JVM jars from Maven "
+                        "Central (Debian: apt-get install maven)")
+    shutil.rmtree(folder, ignore_errors=True)
+    done = subprocess.run([mvn, "-q", "-B", "-f", str(pom(name)),
+                           "dependency:copy-dependencies",
+                           f"-DoutputDirectory={folder.resolve()}"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise JarsError(f"mvn could not fetch the {name} jars of {pom(name)} "
+                        f"(exit {done.returncode}):\n{tail}")
+    stamp.write_text(digest + "\n")
+    _checked.cache_clear()
+    return True
 
 
 def jars(name: str) -> list[str]:

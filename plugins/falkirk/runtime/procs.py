@@ -43,8 +43,11 @@ def log_file(pipeline: Pipeline, job: str, cfg: Config | None = None) -> Path:
 def job_command(job: str | Path, args: list[str], cfg: Config | None = None) -> list[str]:
     """spark-submit of a job entry point, on this profile's master."""
     cfg = cfg or load()
-    venv = Path(sys.executable).parent
-    submit = venv / "spark-submit"
+    submit = Path(sys.executable).parent / "spark-submit"  # pip's pyspark puts it there
+    if not submit.exists():  # else pyspark's own copy (an environment without its scripts)
+        import pyspark
+
+        submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     confs = [arg for k, v in cfg.spark_launch_conf.items() for arg in ("--conf", f"{k}={v}")]
     return [str(submit), "--master", cfg.spark_master, *confs, str(REPO_ROOT / job), *args]
 
