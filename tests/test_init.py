@@ -257,10 +257,14 @@ def test_airflow_runs_the_new_pipeline_with_its_generated_dags(clicks, tmp_path)
                                for x in log.entries.values())
                         for r, log in run.log.regions(run.pipeline).items()}
 
+            def batch_states() -> list[str]:
+                return [r["state"] for r in api.runs("falkirk_clicks_batch_page_counts")]
+
             run.wait_for(lambda: set(committed().values()) == {6}, timeout_s=900,
                          what="every region's 6 epochs under Airflow")
-            runs = api.runs("falkirk_clicks_batch_page_counts")
-            assert len(runs) == 6 and {r["state"] for r in runs} == {"success"}, runs
+            run.wait_for(lambda: batch_states() == ["success"] * 6 or "failed" in
+                         batch_states(), timeout_s=300, what="the 6 batch runs to end")
+            assert batch_states() == ["success"] * 6, api.runs("falkirk_clicks_batch_page_counts")
             assert api.runs("falkirk_clicks_streams"), "the streams DAG never ran"
         finally:
             subprocess.run([bin_airflow, "stop"], env=env, timeout=120, capture_output=True)
