@@ -122,6 +122,24 @@ def test_run_commits_every_epoch_and_dead_letters_malformed_records(clicks):
     assert len(got["clean_clicks"]) + len(reasons) == sent
 
 
+def test_each_table_has_one_writing_engine(clicks):
+    """Every commit of the epoch log's tables is delta-rs's (jobs, CLI and Airflow tasks
+    append to it), every commit of a data table delta-spark's (the jobs' writers)."""
+    lake = clicks[0] / ".falkirk" / "run" / "lake"
+
+    def engines(table: Path) -> set[str]:
+        infos = [json.loads(line)["commitInfo"] for f in (table / "_delta_log").glob("*.json")
+                 for line in f.read_text().splitlines() if '"commitInfo"' in line]
+        return {i.get("engineInfo", "?").split("/")[0].split(":")[0] for i in infos}
+
+    log_tables = [t for t in (lake / "_falkirk_log").iterdir() if (t / "_delta_log").is_dir()]
+    assert {"epochs", "job_runs", "bounds"} <= {t.name for t in log_tables}
+    for table in log_tables:
+        assert engines(table) == {"delta-rs"}, table.name
+    for name in TABLES:
+        assert engines(lake / name) == {"Apache-Spark"}, name
+
+
 def test_a_failing_job_stops_the_run_at_once_naming_it(clicks, tmp_path):
     """Without a supervisor the other jobs would only wait for the dead one until their
     idle timeout: falkirk run stops them and names the job, its exit and its error."""
