@@ -28,12 +28,16 @@ from pathlib import Path
 JOBS = ("jobs/ingest.py", "jobs/popularity.py", "jobs/communities.py", "jobs/serve.py")
 
 
-def run_once(run, spark, lake: Path, persist: bool, until_epoch: int):
-    """The composite pipeline over the sandbox's topics, into its own lake."""
+def run_once(run, spark, lake: Path, persist: bool, until_epoch: int, bounded: bool = True):
+    """The composite pipeline over the sandbox's topics, into its own lake (and epoch log:
+    with ``bounded``, the input is all produced and its bound is declared there first)."""
     from falkirk.log.epochlog import EpochLog
+    from falkirk.runtime.bounds import declare_bounds
     from falkirk.runtime.runner import CompositeJob, JobRunner, job_logic
 
     cfg = replace(run.cfg, lake=str(lake))
+    if bounded:
+        declare_bounds(run.pipeline, cfg)
     logic = CompositeJob(run.pipeline, [job_logic(j) for j in JOBS])
     runner = JobRunner(run.pipeline, logic, spark, cfg, EpochLog.from_config(cfg),
                        persist=persist)
@@ -56,6 +60,7 @@ def main(args: Namespace) -> dict:
     from rich.table import Table
 
     from falkirk.io.spark import session
+    from falkirk.runtime.bounds import declare_bounds
     from falkirk_dev import generate
     from falkirk_dev.harness import LocalRun
 
@@ -101,14 +106,15 @@ def main(args: Namespace) -> dict:
                 started["t"] = time.time()
                 generate.produce(live.cfg.kafka_bootstrap, "events", "queries", g.events,
                                  g.queries, rate=rate)
-                live.declare_bounds()
+                declare_bounds(live.pipeline, replace(live.cfg, lake=str(live_lake)))
 
+            live_lake = Path(tmp) / "live-lake"
             producer = threading.Thread(target=feed, daemon=True)
             with console.status(f"latency: {args.latency_epochs} epochs of "
                                 f"{epoch_s:.0f} s in real time ({rate:.0f} records/s)…"):
                 producer.start()
-                timings = run_once(live, spark, Path(tmp) / "live-lake", True,
-                                   args.latency_epochs - 1)
+                timings = run_once(live, spark, live_lake, True, args.latency_epochs - 1,
+                                   bounded=False)  # the feed declares it once all is sent
                 producer.join()
         spark.stop()
         finished = {t[0]: t[2] for t in timings}
