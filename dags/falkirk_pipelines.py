@@ -2,7 +2,7 @@
 
 Per pipeline p: falkirk_p_streams, falkirk_p_batch_<region> per batch region,
 falkirk_p_rollback and falkirk_p_gc. Pipelines are found in $FALKIRK_PIPELINES, then in
-schemas/pipelines; `falkirk pipelines` says why one gets no DAGs.
+the checkout's examples/; `falkirk pipelines` says why one gets no DAGs.
 """
 
 from __future__ import annotations

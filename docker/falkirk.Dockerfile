@@ -37,8 +37,8 @@ WORKDIR /opt/falkirk
 COPY pyproject.toml uv.lock ./
 RUN uv sync --locked --no-dev --extra postgres --no-install-project
 
-# The repository, then falkirk itself (editable: compose mounts dags/, jobs/, plugins/
-# and schemas/ over these copies, so an edit on the host is what every service runs).
+# The repository, then falkirk itself (editable: compose mounts dags/, examples/ and
+# plugins/ over these copies, so an edit on the host is what every service runs).
 COPY . .
 RUN uv sync --locked --no-dev --extra postgres
 

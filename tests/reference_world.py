@@ -29,12 +29,14 @@ def make_reference_world(root: Path) -> Config:
     pipeline = load_pipeline("reference")
     cfg = replace(load(), lake=str(root / "lake"), var_dir=str(root / "var"))
     log = EpochLog.from_config(cfg)
+
+    def empty(edge):
+        return arrow_schema("tables", edge.table_schema, pipeline.schema_roots).empty_table()
+
     versions: dict[str, int] = {}
     for edge in pipeline.edges.values():
         if edge.kind == "delta" and edge.table not in versions:
-            write_deltalake(cfg.table(edge.table),
-                            arrow_schema("tables", edge.table_schema).empty_table(),
-                            mode="error")
+            write_deltalake(cfg.table(edge.table), empty(edge), mode="error")
             versions[edge.table] = 0
     rows = []
     for region, last in DONE.items():
@@ -45,9 +47,7 @@ def make_reference_world(root: Path) -> Config:
                 if edge.kind != "delta":
                     continue
                 if versions[edge.table] < epoch + 1:
-                    write_deltalake(cfg.table(edge.table),
-                                    arrow_schema("tables", edge.table_schema).empty_table(),
-                                    mode="append")
+                    write_deltalake(cfg.table(edge.table), empty(edge), mode="append")
                     versions[edge.table] += 1
                 outputs[edge.name] = {"table": edge.table, "version": versions[edge.table]}
             checkpoint = epoch in CHECKPOINTS.get(region, set()) or spec.regime == "eager"

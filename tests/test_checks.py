@@ -13,7 +13,7 @@ import pytest
 
 from falkirk.log.epochlog import EpochRecord
 from falkirk.model.topology import Pipeline, load_pipeline
-from falkirk.quality.checks import SUITES_DIR, CheckError, Validator, load_suite
+from falkirk.quality.checks import CheckError, Validator, load_suite
 
 EPOCHS = 5
 INPUT = {"events": 1500, "queries": 150, "epochs": EPOCHS, "seed": 3}
@@ -27,8 +27,9 @@ def test_every_output_table_of_the_reference_pipeline_has_a_suite_gx_accepts():
 
     pipeline = load_pipeline("reference")
     tables = sorted({e.table for e in pipeline.edges.values() if e.kind == "delta"})
-    assert sorted(p.stem for p in SUITES_DIR.glob("*.json")) == tables
-    suites = Suites(tables)  # builds every suite in an ephemeral GX context
+    folder = pipeline.schema_roots[0] / "expectations"
+    assert sorted(p.stem for p in folder.glob("*.json")) == tables
+    suites = Suites({t: folder / f"{t}.json" for t in tables})  # in an ephemeral GX context
     assert sorted(suites.checkpoints) == sorted(
         (engine, t) for engine in ("pandas", "spark") for t in tables)
 
@@ -137,15 +138,19 @@ def reference(tmp_path_factory):
     """A failure-free reference run whose broker stays up for the module, with
     ``settings.checks.hold``: the validator runs beside the jobs and receivers read only
     epochs whose checks passed."""
+    import shutil
+
     import yaml
 
     from falkirk.model.topology import declared
     from falkirk_dev.harness import LocalRun
 
     root = tmp_path_factory.mktemp("checks")
-    declaration = yaml.safe_load(declared()["reference"].read_text())
+    app = shutil.copytree(declared()["reference"].parent, root / "reference-held",
+                          ignore=shutil.ignore_patterns("__pycache__"))
+    held = app / "pipeline.yaml"
+    declaration = yaml.safe_load(held.read_text())
     declaration["settings"]["checks"] = {"hold": True}
-    held = root / "reference-held.yaml"
     held.write_text(yaml.safe_dump(declaration))
     with LocalRun(root, pipeline=str(held)) as run:
         run.generate(**INPUT)
@@ -174,7 +179,8 @@ def _replace_epoch(run, spark, table: str, epoch: int, rows: list[dict]) -> int:
     from falkirk.io.delta import spark_schema
     from falkirk.model.schemas import arrow_schema
 
-    schema = spark_schema(arrow_schema("tables", run.pipeline.edges[table].table_schema))
+    schema = spark_schema(arrow_schema("tables", run.pipeline.edges[table].table_schema,
+                                       run.pipeline.schema_roots))
     (spark.createDataFrame([tuple(r[f.name] for f in schema.fields) for r in rows], schema)
      .write.format("delta").mode("overwrite").option("replaceWhere", f"epoch = {epoch}")
      .save(run.cfg.table(table)))
@@ -241,6 +247,28 @@ def test_every_check_passed_before_any_reader_relied_on_the_epoch(reference):
 
 
 @pytest.mark.slow
+def test_the_scale_benchmarks_plain_spark_job_computes_the_pipelines_tables(reference, spark,
+                                                                           tmp_path):
+    """The scale benchmark compares falkirk with one plain PySpark pass over the same topics
+    (no epochs, no fault tolerance): a fair limit only if it computes the same tables and
+    answers, which it must on this run's input."""
+    import json
+
+    from falkirk_dev.bench import plain_spark
+
+    lake = str(tmp_path / "plain")
+    facts = plain_spark.run(spark, reference.cfg.kafka_bootstrap, reference.pipeline, lake,
+                            EPOCHS - 1)
+    assert facts["component_rounds"] >= 1
+    tables = {t: rows for t, rows in reference.golden.items() if not t.startswith("topic:")}
+    assert {t: plain_spark.as_rows(lake, t) == rows for t, rows in tables.items()} == {
+        t: True for t in tables}
+    assert all(tables[t] for t in ("purchases", "interactions", "dead_letters",
+                                   "item_popularity", "user_community", "query_stats"))
+    answers = {k: json.loads(v) for k, v in reference.golden["topic:responses"].items()}
+    assert answers and plain_spark.responses_by_key(lake) == answers
+
+
 def test_checking_every_epoch_again_passes_and_takes_seconds(reference, validator, capsys):
     started = time.monotonic()
     report = validator.run(epochs=range(EPOCHS))
@@ -308,8 +336,8 @@ def test_a_dropped_partition_of_events_is_caught(reference, validator, spark):
     start, end = Offsets(rng["from"]), Offsets(rng["to"])
     kept_end = Offsets({p: (start.get(p) if p == "1" else o) for p, o in end.as_dict().items()})
     raw = read_range(spark, reference.cfg.kafka_bootstrap, "events", start, kept_end,
-                     record_ddl("events"))
-    ingest = load_job("jobs/ingest.py")
+                     record_ddl("events", reference.pipeline.schema_roots))
+    ingest = load_job(reference.pipeline.job_path("jobs/ingest.py"))
     s = reference.pipeline.settings
     events, _ = ingest.validate(raw, 2, s["origin_ms"], s["epoch_seconds"] * 1000)
     rows = [r.asDict() for r in ingest.purchases(events).collect()]
@@ -347,7 +375,8 @@ def test_a_null_or_missing_label_is_caught(reference, validator, spark):
     # DataFrame is checked directly, as the validator does with an epoch's rows).
     rows = _epoch_rows(reference, "user_community", 2)
     nullable = pa.schema([f.with_nullable(True)
-                          for f in arrow_schema("tables", "user_community")])
+                          for f in arrow_schema("tables", "user_community",
+                                               reference.pipeline.schema_roots)])
     broken = [{**rows[0], "label": None}, *rows[1:]]
     df = spark.createDataFrame(pa.Table.from_pylist(broken, schema=nullable).to_pandas())
     results = validator.suites.validate("user_community", df)
@@ -393,8 +422,8 @@ def test_a_failing_epoch_is_quarantined_held_back_then_released_after_a_rollback
 
     # serve's epoch 3 reads item_popularity as of epoch 2: it gets epoch 1's version.
     # (A runner of serve+stats resuming after epoch 2, so its queries input has not ended.)
-    serve = JobRunner(run.pipeline, job_logic("jobs/serve.py"), spark, run.cfg, run.log,
-                      start={"serve": 2, "stats": 2})
+    serve = JobRunner(run.pipeline, job_logic(run.pipeline.job_path("jobs/serve.py")), spark,
+                      run.cfg, run.log, start={"serve": 2, "stats": 2})
     try:
         where = serve._ready(3)
     finally:

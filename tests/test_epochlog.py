@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 import yaml
-from test_topology import SMALL
+from test_topology import SMALL, write_table_schemas
 
 from falkirk.config import load
 from falkirk.log.epochlog import EpochLog, EpochLogError, EpochRecord
@@ -95,6 +95,7 @@ def test_falkirk_plan_without_a_problem_plans_from_the_live_log(tmp_path):
     fill(EpochLog.from_config(replace(load(), lake=str(lake))))
     declaration = tmp_path / "small.yaml"
     declaration.write_text(yaml.safe_dump(PIPE_DICT))
+    write_table_schemas(tmp_path, PIPE_DICT)  # and its jobs: a declaration names files
     run = subprocess.run(
         [sys.executable, "-m", "falkirk.cli", "plan", "--pipeline", str(declaration),
          "--failed", "communities", "--json"],

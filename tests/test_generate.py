@@ -16,13 +16,16 @@ from pyspark.sql import functions as F
 
 from falkirk.io.kafka import source_schema
 from falkirk.model.schemas import ddl, definition
+from falkirk.model.topology import load_pipeline
 from falkirk_dev import generate as G
+
+ROOTS = load_pipeline("reference").schema_roots  # the reference app's record schemas
 
 ORIGIN = G.DEFAULT_ORIGIN_MS
 EPOCH_MS = 10_000
 EPOCHS = 6
 N = 6_000
-FIELDS = [f["name"] for f in definition("records", "events")["fields"]]
+FIELDS = [f["name"] for f in definition("records", "events", ROOTS)["fields"]]
 PARAMS = dict(events=N, queries=600, users=120, items=80, categories=6, origin_ms=ORIGIN,
               epoch_ms=EPOCH_MS, epochs=EPOCHS, malformed_fraction=0.05)  # fmt: skip
 
@@ -96,11 +99,11 @@ def test_fractions_and_shape_of_the_stream(generated):
 
 
 def test_value_schema_and_origin_parsing():
-    assert ddl("records", "events") == (
+    assert ddl("records", "events", ROOTS) == (
         "event_id string, user_id long, item_id long, category string, kind string, "
         "amount double, ts long"
     )
-    assert ddl("records", "queries") == "query_id string, user_id long, ts long"
+    assert ddl("records", "queries", ROOTS) == "query_id string, user_id long, ts long"
     assert G.parse_origin("2024-01-01T00:00:00Z") == 1_704_067_200_000
     assert G.parse_origin("2024-01-01T01:00:00+01:00") == 1_704_067_200_000
     assert G.parse_origin("2024-01-01 00:00:01") == 1_704_067_201_000  # UTC without a zone
@@ -145,7 +148,7 @@ def parse_like_the_source(value: bytes, fields: list[tuple[str, str]]) -> tuple[
 def source_like(spark, records: list[G.Record], partitions: int = 3):
     """The records as the source would return them, with the epoch each is processed in:
     on its partition, the epoch of the largest timestamp at or before it."""
-    value_ddl = ddl("records", "events")
+    value_ddl = ddl("records", "events", ROOTS)
     fields = [tuple(f.split()) for f in value_ddl.split(", ")]
     reached: dict[int, int] = {}
     offsets: Counter = Counter()

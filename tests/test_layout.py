@@ -31,10 +31,20 @@ def test_the_framework_imports_no_dev_tooling_and_jobs_only_its_job_interface():
             assert dev == {"falkirk_dev.cli"}, path
         else:
             assert not dev, f"{path.relative_to(REPO_ROOT)} imports {sorted(dev)}"
-    for path in (REPO_ROOT / "jobs").glob("*.py"):
-        used = {m for m in _imports(path) if m.split(".")[0] in ("falkirk", "falkirk_dev")}
-        allowed = {"falkirk.job", "falkirk.quality.invariants", "falkirk.runtime.runner"}
-        assert used <= allowed, f"{path.relative_to(REPO_ROOT)} imports {sorted(used - allowed)}"
+
+def test_example_pipelines_use_only_the_public_api_like_a_users_own():
+    """The reference pipeline is an example folder, as `falkirk init` writes one: its jobs
+    import falkirk.job, its invariants falkirk.quality.invariants, and nothing else."""
+    examples = [REPO_ROOT / "examples" / "reference", PACKAGE / "local" / "template"]
+    for folder in examples:
+        assert (folder / "pipeline.yaml").is_file() and (folder / "schemas").is_dir(), folder
+        for path in folder.rglob("*.py"):
+            used = {m for m in _imports(path) if m.split(".")[0] in ("falkirk", "falkirk_dev")}
+            allowed = {"falkirk.job", "falkirk.quality.invariants"}
+            assert used <= allowed, \
+                f"{path.relative_to(REPO_ROOT)} imports {sorted(used - allowed)}"
+    # nothing of the app is left in the checkout's framework folders
+    assert not (REPO_ROOT / "jobs").exists() and not (REPO_ROOT / "schemas").exists()
 
 
 def test_the_framework_names_no_application():
@@ -57,6 +67,6 @@ def test_the_wheel_is_the_framework_without_demo_trials_benchmarks_or_generator(
     # what a pipeline needs at run time beside the code: the epoch log's table schemas,
     # the dead letters' and what `falkirk init` writes
     assert {"falkirk/schemas/tables/epochs.json", "falkirk/schemas/tables/dead_letters.json",
-            "falkirk/local/template/pipeline.yaml",
+            "falkirk/local/template/pipeline.yaml", "falkirk/solver/problems/1_unlogged_chain.json",
             "falkirk/local/template/input/clicks.jsonl", "falkirk/jvm/spark/pom.xml",
             "falkirk/jvm/kafka/pom.xml"} <= set(files)

@@ -6,42 +6,27 @@ never computed by the code under test.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from falkirk.config import REPO_ROOT
 from falkirk.io.kafka import source_schema
-from falkirk.model.schemas import arrow_schema
+from falkirk.job import arrow_schema, load_job
 
-JOBS = Path(__file__).resolve().parents[1] / "jobs"
+JOBS = REPO_ROOT / "examples" / "reference" / "jobs"  # loading one resolves its schemas
 
-
-def load_job(name: str) -> ModuleType:
-    """A job script as a module (jobs/ is a folder of spark-submit scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"falkirk_test_job_{name}", JOBS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ingest = load_job("ingest")
-popularity = load_job("popularity")
-communities = load_job("communities")
-serve = load_job("serve")
+ingest = load_job(JOBS / "ingest.py")
+popularity = load_job(JOBS / "popularity.py")
+communities = load_job(JOBS / "communities.py")
+serve = load_job(JOBS / "serve.py")
 
 ORIGIN = 1_000_000  # origin_ms
 E = 1_000  # epoch_ms: epoch k is [ORIGIN + k*E, ORIGIN + (k+1)*E)
 
 
 def table_schema(name: str):
-    return from_arrow_schema(arrow_schema("tables", name))
+    return from_arrow_schema(arrow_schema("tables", name, (JOBS.parent / "schemas",)))
 
 
 def rows(df, *order: str) -> list[tuple]:
@@ -91,7 +76,7 @@ def test_validate_reports_each_reason_and_keeps_valid_events(spark):
             source_row(13, kind="refund", amount=-1.0),  # only the first failure is told
             source_row(15, kind=None, partition=2),
         ],
-        source_schema(ingest.VALUE_SCHEMA),
+        source_schema(ingest.value_schema()),
     )
     events, dead = ingest.validate(raw, 2, ORIGIN, E)
     assert schema_of(events) == list(
@@ -127,7 +112,7 @@ def test_validate_reports_each_reason_and_keeps_valid_events(spark):
 
 
 def test_validate_an_empty_epoch(spark):
-    empty = spark.createDataFrame([], source_schema(ingest.VALUE_SCHEMA))
+    empty = spark.createDataFrame([], source_schema(ingest.value_schema()))
     events, dead = ingest.validate(empty, 0, ORIGIN, E)
     assert events.columns == EVENTS_COLUMNS and events.count() == 0
     assert schema_of(dead) == expected_schema("dead_letters") and dead.count() == 0
@@ -268,6 +253,18 @@ def test_label_propagation_two_components_then_a_merge(spark):
     labels3, rounds3 = communities.transform(merged_edges, labels2, checkpoint_every=1)
     assert rows(labels3) == rows(labels2) and rounds3 == 1
 
+    # the same merge from a workset: only the new edge's endpoints (user 1 = node 2, item
+    # 3 = node 7) send first; nodes 0, 1, 10 and 12 only receive, the labels are the same
+    progress.clear()
+    seeded, rounds4 = communities.transform(
+        merged_edges, previous, seeds_df=spark.createDataFrame([(2,), (7,)], "node_id long"),
+        on_iteration=lambda i, n: progress.append((i, n)))
+    assert rows(seeded) == rows(labels2) and progress == [(1, 1), (2, 2), (3, 0)]
+    # an empty workset over a fixed point: nothing sends, one quiet round
+    quiet, rounds5 = communities.transform(
+        merged_edges, labels2, seeds_df=spark.createDataFrame([], "node_id long"))
+    assert rows(quiet) == rows(labels2) and rounds5 == 1
+
 
 def test_label_propagation_jumps_along_a_chain(spark):
     """A chain user 0 - item 0 - user 1 - item 1 - ... (nodes 0, 1, 2, ... 40): plain
@@ -407,7 +404,7 @@ def test_answer_an_empty_epoch_and_an_empty_state(spark, state):
 
 
 def test_validate_queries(spark):
-    schema = source_schema(serve.VALUE_SCHEMA)
+    schema = source_schema(serve.value_schema())
     raw = spark.createDataFrame(
         [
             ("queries", 0, 0, "1", ORIGIN, "r0", "q1", 1, ORIGIN, None),

@@ -126,7 +126,11 @@ def test_invalid_declarations_are_refused_with_the_place(case):
 
 
 def write_table_schemas(folder, data: dict) -> None:
-    """A one-column schema beside the declaration for every Delta table it names."""
+    """Beside the declaration: an empty file for every job it names and a one-column
+    schema for every Delta table."""
+    for spec in data["regions"].values():
+        (folder / spec["job"]).parent.mkdir(parents=True, exist_ok=True)
+        (folder / spec["job"]).write_text("")
     (folder / "schemas" / "tables").mkdir(parents=True)
     for e in data["edges"].values():
         if e["kind"] == "delta":
@@ -139,6 +143,9 @@ def test_a_declaration_file_naming_a_missing_job_is_refused(tmp_path):
 
     data = broken(["regions", "stats", "job"], "jobs/nowhere.py")
     data["edges"].pop("labels")  # else the unlogged edge across jobs is refused first
+    (tmp_path / "jobs").mkdir()
+    for job in ("ingest", "popularity", "communities"):
+        (tmp_path / "jobs" / f"{job}.py").write_text("")
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(TopologyError, match=r"region 'stats': job file jobs/nowhere.py not "
@@ -146,20 +153,24 @@ def test_a_declaration_file_naming_a_missing_job_is_refused(tmp_path):
         Pipeline.load(path)
 
 
-def test_a_job_beside_the_declaration_is_found_there_before_the_checkout(tmp_path):
+def test_every_path_a_declaration_names_is_relative_to_its_folder(tmp_path, monkeypatch):
     import yaml
 
     data = broken(["regions", "stats", "job"], "jobs/mine.py")
     data["edges"].pop("labels")
-    (tmp_path / "jobs").mkdir()
-    (tmp_path / "jobs" / "mine.py").write_text("")
     write_table_schemas(tmp_path, data)
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path.parent)  # not where the current directory is
     pipe = Pipeline.load(path)
+    assert pipe.folder == tmp_path
     assert pipe.job_path("jobs/mine.py") == tmp_path / "jobs" / "mine.py"
-    assert pipe.job_path("jobs/ingest.py").parent.parent != tmp_path  # the checkout's
+    assert pipe.job_path("jobs/ingest.py") == tmp_path / "jobs" / "ingest.py"
     assert pipe.schema_roots == (tmp_path / "schemas",)
+    (tmp_path / "jobs" / "popularity.py").unlink()  # no fallback elsewhere (a checkout)
+    with pytest.raises(TopologyError, match=f"job file jobs/popularity.py not found "
+                                            f"\\(looked in {tmp_path}\\)"):
+        Pipeline.load(path)
 
 
 def test_invariants_are_a_file_the_declaration_names_and_loads_by_region(tmp_path):
@@ -223,6 +234,8 @@ def test_pipelines_outside_the_checkout_are_found_and_each_is_checked(tmp_path):
                 json.dumps({"fields": [{"name": "epoch", "type": "int64"}]}))
     (small / "pipeline.yaml").write_text(yaml.safe_dump(data))
     broken = {**copy.deepcopy(data), "pipeline": "broken"}
+    for spec in broken["regions"].values():  # its jobs are small's, but one
+        spec["job"] = f"small/{spec['job']}"
     broken["regions"]["ingest"]["job"] = "jobs/nowhere.py"
     (folder / "broken.yaml").write_text(yaml.safe_dump(broken))
     run = subprocess.run([sys.executable, "-m", "falkirk.cli", "pipelines", "--json"],

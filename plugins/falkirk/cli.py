@@ -15,7 +15,7 @@ from pathlib import Path
 from falkirk.errors import FalkirkError
 from falkirk.solver.frontier import Plan, Problem, regions_in_order, solve
 
-PROBLEMS_DIR = Path(__file__).resolve().parents[2] / "schemas" / "problems"
+PROBLEMS_DIR = Path(__file__).resolve().parent / "solver" / "problems"
 
 
 class CliError(FalkirkError):
@@ -92,7 +92,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_examples(args: argparse.Namespace) -> int:
-    """Solve the worked examples shipped in schemas/problems and print their plans."""
+    """Solve the worked examples shipped in falkirk/solver/problems and print their plans."""
     files = sorted(PROBLEMS_DIR.glob("*.json"))
     if not files:
         raise CliError(f"no worked examples found in {PROBLEMS_DIR}")
@@ -441,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="compute the consistent frontiers and the rollback plan")
     p.add_argument("--problem", type=Path,
-                   help="an offline problem (JSON, see schemas/problems); "
+                   help="an offline problem (JSON, see falkirk/solver/problems); "
                         "without it, plan from the live epoch log")
     p.add_argument("--pipeline", help="declared pipeline (default: the only one declared)")
     p.add_argument("--failed", help="comma-separated regions that failed (live log only)")
@@ -515,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("pipelines", help="the declared pipelines ($FALKIRK_PIPELINES, then "
-                       "schemas/pipelines), each checked: its jobs, schemas and settings")
+                       "a checkout's examples/), each checked: its jobs, schemas and settings")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=cmd_pipelines)
     _add_dev_commands(sub)

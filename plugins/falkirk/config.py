@@ -43,7 +43,7 @@ class Config:
     var_dir: str = str(STATE_DIR)  # pid files, logs, locks of this machine
     storage_options: tuple[tuple[str, str], ...] = ()  # for delta-rs on an object store
     # Folders of the user's pipelines ($FALKIRK_PIPELINES, separated by ":"), searched
-    # before the checkout's schemas/pipelines: <folder>/<name>.yaml or
+    # before a checkout's examples/: <folder>/<name>.yaml or
     # <folder>/<name>/pipeline.yaml (a pipeline folder with its jobs and schemas).
     pipelines: str = ""
 

@@ -49,6 +49,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     module, takes_args = BENCHES[args.what]
+    if args.what != "scale" and args.events is not None:
+        try:
+            args.events = int(args.events)
+        except ValueError:
+            raise SystemExit(f"falkirk bench {args.what}: --events takes one number, got "
+                             f"{args.events!r}") from None
     bench = importlib.import_module(f"falkirk_dev.bench.{module}")
     bench.main(args) if takes_args else bench.main()
     return 0
@@ -61,6 +67,7 @@ BENCHES = {
     "checkpoints": ("checkpoint_bench", False),
     "rework": ("rework_bench", True),
     "regimes": ("regimes_bench", True),
+    "scale": ("scale_bench", True),
     "all": ("all_bench", True),
 }
 
@@ -114,11 +121,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--edges", type=int, default=30_000, help="solver: edges")
     p.add_argument("--frontiers", type=int, default=50, help="solver: frontiers per region")
     p.add_argument("--seed", type=int, default=7, help="solver: random graph seed")
-    p.add_argument("--epochs", type=int, default=9, help="rework: epochs of input")
+    p.add_argument("--epochs", type=int, help="rework, regimes (default 9), scale (default "
+                   "20): epochs of input")
     p.add_argument("--kill-epoch", type=int, default=7, help="rework: kill communities in it")
-    p.add_argument("--events", type=int,
-                   help="rework, regimes: events of input (defaults 3,000 and 20,000)")
-    p.add_argument("--rounds", type=int, default=2, help="regimes: rounds of each variant")
+    p.add_argument("--events", help="rework, regimes: events of input (defaults 3,000 and "
+                   "20,000); scale: sizes, comma-separated (default 10000,100000,1000000)")
+    p.add_argument("--rounds", type=int, default=2, help="regimes, scale: rounds of each "
+                   "variant")
+    p.add_argument("--json", help="scale: write the figures here (and the plot beside it, "
+                   ".svg)")
+    p.add_argument("--no-check", action="store_true", help="scale: skip comparing the plain "
+                   "job's tables with the pipeline's")
     p.add_argument("--latency-events", type=int, default=3000, help="regimes: live events")
     p.add_argument("--latency-epochs", type=int, default=6, help="regimes: live epochs")
     p.add_argument("--quick", action="store_true", help="all: small inputs (a smoke run)")

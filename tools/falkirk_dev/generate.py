@@ -38,7 +38,6 @@ from types import ModuleType
 from typing import Any
 
 from falkirk.io.kafka import ensure_topics
-from falkirk.model.schemas import ddl
 
 Record = tuple[bytes, bytes, int]  # (key, value, timestamp_ms)
 
@@ -322,10 +321,11 @@ def processing_epochs(
 
 
 def _ingest() -> ModuleType:
-    """``jobs/ingest.py`` (its validation is the ground truth's)."""
+    """The reference app's ``jobs/ingest.py`` (its validation is the ground truth's)."""
+    from falkirk.model.topology import load_pipeline
     from falkirk.runtime.runner import load_job
 
-    return load_job("jobs/ingest.py")
+    return load_job(load_pipeline("reference").job_path("jobs/ingest.py"))
 
 
 @dataclass(frozen=True)
@@ -372,7 +372,7 @@ def source_frame(
     raw = spark.createDataFrame(rows, "key binary, value binary, topic string, partition int, "
                                       "offset long, timestamp timestamp, timestampType int, "
                                       "processing_epoch long")
-    parsed = parse_values(raw, ddl("records", "events"))
+    parsed = parse_values(raw, _ingest().value_schema())
     epochs = raw.select("partition", "offset", "processing_epoch")
     return parsed.join(epochs, ["partition", "offset"]).select(*parsed.columns,
                                                                 F.col("processing_epoch"))

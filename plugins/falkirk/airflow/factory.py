@@ -1,6 +1,6 @@
 """DAGs generated for every declared pipeline (wiring only; the steps live beside this).
 
-For a pipeline ``p`` (found in ``$FALKIRK_PIPELINES`` or ``schemas/pipelines``):
+For a pipeline ``p`` (found in ``$FALKIRK_PIPELINES`` or a checkout's ``examples/``):
 
 - ``falkirk_p_streams``: start, watch and recover its streaming jobs, and check their
   epochs (only when it has regions that are not batch);

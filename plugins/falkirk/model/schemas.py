@@ -1,9 +1,10 @@
 """Table and record schemas, kept as JSON files (one place for each).
 
 Data engineers read and edit the files; the code builds Arrow schemas from them. A name is
-looked up in a pipeline's own ``schemas/`` folders, then in the checkout's ``schemas/``
-(the reference pipeline's), then in the framework's (``falkirk/schemas``: the epoch log's
-tables and ``dead_letters``, shipped in the wheel).
+looked up in the folders a caller passes, then in the ``schemas/`` folders of the pipelines
+this process runs (:func:`use_pipeline`: a job names its tables bare, ``conform(df,
+"purchases")``, and means its own pipeline's), then in the framework's (``falkirk/schemas``:
+the epoch log's tables and ``dead_letters``, shipped in the wheel).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import pyarrow as pa
 
-SCHEMAS_DIR = Path(__file__).resolve().parents[3] / "schemas"
 FRAMEWORK_SCHEMAS_DIR = Path(__file__).resolve().parents[1] / "schemas"
 
 _TYPES = {
@@ -27,24 +27,47 @@ _TYPES = {
 }
 
 
-def find(kind: str, name: str, roots: tuple[Path, ...] = ()) -> Path | None:
-    """``<root>/<kind>/<name>.json`` in the first of ``roots`` (a pipeline's own ``schemas/``
-    folders) that has it, else in the checkout's, else in the framework's; None if none
-    has it."""
-    for root in (*roots, SCHEMAS_DIR, FRAMEWORK_SCHEMAS_DIR):
+_PIPELINE_ROOTS: list[Path] = []  # the schemas/ folders of the pipelines this process runs
+
+
+def use_pipeline(roots: tuple[Path, ...]) -> None:
+    """Resolve bare names against these ``schemas/`` folders (a pipeline's
+    ``schema_roots``) before any used earlier: the runtime calls it when a job starts and
+    ``load_job`` when a test loads a job, so a job's transforms find its own tables."""
+    for root in reversed(roots):
+        root = Path(root).resolve()
+        if root in _PIPELINE_ROOTS:
+            _PIPELINE_ROOTS.remove(root)
+        _PIPELINE_ROOTS.insert(0, root)
+
+
+def _roots(roots: tuple[Path, ...], others: bool = True) -> tuple[Path, ...]:
+    return (*roots, *(_PIPELINE_ROOTS if others else ()), FRAMEWORK_SCHEMAS_DIR)
+
+
+def find(kind: str, name: str, roots: tuple[Path, ...] = (), others: bool = True
+         ) -> Path | None:
+    """``<root>/<kind>/<name>.json`` in the first of ``roots``, else (unless ``others`` is
+    false) of the pipelines' folders (:func:`use_pipeline`), else of the framework's that
+    has it; None if none has it."""
+    for root in _roots(roots, others):
         path = root / kind / f"{name}.json"
         if path.is_file():
             return path
     return None
 
 
-@cache
 def definition(kind: str, name: str, roots: tuple[Path, ...] = ()) -> dict:
     """The JSON definition ``schemas/<kind>/<name>.json`` (see :func:`find`)."""
     path = find(kind, name, roots)
     if path is None:
-        looked = ", ".join(str(r / kind) for r in (*roots, SCHEMAS_DIR, FRAMEWORK_SCHEMAS_DIR))
+        looked = ", ".join(str(r / kind) for r in _roots(roots))
         raise FileNotFoundError(f"no schema file {name}.json (looked in {looked})")
+    return _read(path)
+
+
+@cache
+def _read(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
@@ -62,7 +85,6 @@ def ddl(kind: str, name: str, roots: tuple[Path, ...] = ()) -> str:
     return ", ".join(parts)
 
 
-@cache
 def arrow_schema(kind: str, name: str, roots: tuple[Path, ...] = ()) -> pa.Schema:
     """The Arrow schema of ``schemas/<kind>/<name>.json`` (field order as written)."""
     fields = []

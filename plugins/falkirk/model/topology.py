@@ -1,6 +1,7 @@
 """Pipeline declarations: regions with their regime, and the edges between them.
 
-A pipeline is declared once, in a YAML file under ``schemas/pipelines/``. Loading
+A pipeline is declared once, in a YAML file (``<folder>/pipeline.yaml``, see
+docs/pipeline-yaml.md); every path it names is relative to its folder. Loading
 validates it and every error names the file and the region or edge at fault.
 """
 
@@ -17,7 +18,7 @@ from falkirk.errors import FalkirkError
 from falkirk.model.times import DOMAINS, ITERATION
 from falkirk.regimes import REGIMES, Regime
 
-PIPELINES_DIR = Path(__file__).resolve().parents[3] / "schemas" / "pipelines"
+PIPELINES_DIR = Path(__file__).resolve().parents[3] / "examples"  # in a checkout: its examples
 
 EDGE_KINDS = ("kafka", "delta", "unlogged")
 DELTA_READS = ("snapshot", "appends")  # how a receiver reads a delta edge (EdgeSpec.read)
@@ -161,24 +162,21 @@ class Pipeline:
         pipeline.check_files()
         return pipeline
 
-    def _job_dirs(self) -> list[Path]:
-        from falkirk.config import REPO_ROOT
-
+    @property
+    def folder(self) -> Path:
+        """The pipeline's folder: every path it declares is relative to it (the current
+        directory for a pipeline built from a mapping rather than loaded from a file)."""
         declared = self.source.endswith((".yaml", ".yml"))
-        return [Path(self.source).resolve().parent, REPO_ROOT] if declared else [REPO_ROOT]
+        return Path(self.source).resolve().parent if declared else Path.cwd()
 
     @property
     def schema_roots(self) -> tuple[Path, ...]:
         """The declaration's own ``schemas/`` folder, searched before falkirk's."""
-        return tuple(d / "schemas" for d in self._job_dirs()[:-1])
+        return (self.folder / "schemas",)
 
     def job_path(self, job: str) -> Path:
-        """A job entry point as declared: relative to the declaration's folder, else to the
-        falkirk checkout (where the pipelines of schemas/pipelines keep theirs)."""
-        if Path(job).is_absolute():
-            return Path(job)
-        dirs = self._job_dirs()
-        return next((d / job for d in dirs if (d / job).is_file()), dirs[-1] / job)
+        """A job entry point as declared: relative to the pipeline's folder."""
+        return Path(job) if Path(job).is_absolute() else self.folder / job
 
     def check_files(self) -> None:
         """Every job entry point and table schema the declaration names exists: found now,
@@ -187,20 +185,18 @@ class Pipeline:
 
         for spec in self.regions.values():
             if spec.job and not self.job_path(spec.job).is_file():
-                where = " and ".join(str(d) for d in self._job_dirs())
                 raise TopologyError(f"{self.source}: region {spec.name!r}: job file "
-                                    f"{spec.job} not found (looked in {where})")
+                                    f"{spec.job} not found (looked in {self.folder})")
         if self.invariants and not self.job_path(self.invariants).is_file():
-            where = " and ".join(str(d) for d in self._job_dirs())
             raise TopologyError(f"{self.source}: invariants file {self.invariants} not found "
-                                f"(looked in {where})")
+                                f"(looked in {self.folder})")
         for e in self.edges.values():
             if (e.kind == "delta" and e.src is not None
-                    and find("tables", e.table_schema, self.schema_roots) is None):
+                    and find("tables", e.table_schema, self.schema_roots, others=False) is None):
                     where = " and ".join(str(r / "tables") for r in self.schema_roots)
                     raise TopologyError(f"{self.source}: edge {e.name!r}: table schema "
                                         f"{e.table_schema}.json not found (looked in "
-                                        f"{where or 'falkirk schemas/tables'})")
+                                        f"{where} and falkirk's schemas/tables)")
 
     @classmethod
     def from_dict(cls, raw: Any, origin: str = "pipeline") -> Pipeline:
@@ -350,7 +346,7 @@ class Pipeline:
 def declared() -> dict[str, Path]:
     """The declared pipelines (name -> file): in the folders of ``$FALKIRK_PIPELINES``
     (``<folder>/<name>.yaml``, or ``<folder>/<name>/pipeline.yaml`` for a pipeline folder),
-    then the checkout's ``schemas/pipelines``; the first of a name wins."""
+    then, in a checkout, its ``examples/``; the first of a name wins."""
     import os
 
     from falkirk.config import load

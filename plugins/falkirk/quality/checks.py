@@ -29,15 +29,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from falkirk.config import REPO_ROOT, Config
+from falkirk.config import Config
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.model.topology import Pipeline
 from falkirk.quality.invariants import SAMPLE, CheckError, load_invariants
 
 log = logging.getLogger(__name__)
-
-SUITES_DIR = REPO_ROOT / "schemas" / "expectations"
-
 
 @dataclass
 class Outcome:
@@ -63,7 +60,7 @@ class Outcome:
                 "seconds": round(self.seconds, 3), "checked_at": datetime.now(UTC)}
 
 
-def load_suite(table: str, folder: Path = SUITES_DIR) -> dict:
+def load_suite(table: str, folder: Path) -> dict:
     """The suite file of a table, as written by a data engineer (GX 1.x suite JSON)."""
     path = folder / f"{table}.json"
     if not path.exists():
@@ -105,7 +102,7 @@ class Suites:
     """An ephemeral GX context holding every suite, a pandas and a Spark data source (a
     checkpoint per table on each), and Data Docs."""
 
-    def __init__(self, tables: Iterable[str] | dict[str, Path], docs_dir: Path | None = None,
+    def __init__(self, tables: dict[str, Path], docs_dir: Path | None = None,
                  spark: Any = None):
         import great_expectations as gx
         from great_expectations.core.expectation_suite import ExpectationSuite
@@ -130,9 +127,7 @@ class Suites:
                                   "base_directory": str(docs_dir)},
                 "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}})
         self.checkpoints: dict[tuple[str, str], Any] = {}
-        files = tables if isinstance(tables, dict) else {
-            t: SUITES_DIR / f"{t}.json" for t in tables}
-        for table, path in files.items():
+        for table, path in tables.items():
             raw = load_suite(table, path.parent)
             try:
                 suite = self.context.suites.add(ExpectationSuite(
@@ -205,9 +200,9 @@ class Validator:
         return self._suites
 
     def suite_files(self) -> dict[str, Path]:
-        """Table -> its suite file: in the pipeline's own ``schemas/expectations/`` first,
-        else in falkirk's; tables with neither have none."""
-        folders = [r / "expectations" for r in self.pipeline.schema_roots] + [SUITES_DIR]
+        """Table -> its suite file, in the pipeline's own ``schemas/expectations/``; tables
+        without one have none."""
+        folders = [r / "expectations" for r in self.pipeline.schema_roots]
         out = {}
         for table in self.tables:
             path = next((f / f"{table}.json" for f in folders

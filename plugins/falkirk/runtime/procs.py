@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from falkirk.config import REPO_ROOT, Config, load
+from falkirk.config import Config, load
 from falkirk.model.topology import Pipeline
 
 
@@ -41,7 +41,8 @@ def log_file(pipeline: Pipeline, job: str, cfg: Config | None = None) -> Path:
 
 
 def job_command(job: str | Path, args: list[str], cfg: Config | None = None) -> list[str]:
-    """spark-submit of a job entry point, on this profile's master."""
+    """spark-submit of a job entry point (a path, e.g. ``Pipeline.job_path``'s), on this
+    profile's master."""
     cfg = cfg or load()
     submit = Path(sys.executable).parent / "spark-submit"  # pip's pyspark puts it there
     if not submit.exists():  # else pyspark's own copy (an environment without its scripts)
@@ -49,7 +50,7 @@ def job_command(job: str | Path, args: list[str], cfg: Config | None = None) -> 
 
         submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     confs = [arg for k, v in cfg.spark_launch_conf.items() for arg in ("--conf", f"{k}={v}")]
-    return [str(submit), "--master", cfg.spark_master, *confs, str(REPO_ROOT / job), *args]
+    return [str(submit), "--master", cfg.spark_master, *confs, str(Path(job).resolve()), *args]
 
 
 def _env() -> dict[str, str]:

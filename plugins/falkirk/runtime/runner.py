@@ -44,7 +44,7 @@ from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
 from falkirk.io.kafka import broker_retry
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
-from falkirk.model.schemas import arrow_schema, ddl, find
+from falkirk.model.schemas import arrow_schema, ddl, find, use_pipeline
 from falkirk.model.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
 from falkirk.model.topology import EdgeSpec, Pipeline
 
@@ -220,11 +220,15 @@ class JobRunner:
                  cfg: Config | None = None, epoch_log: EpochLog | None = None,
                  start: dict[str, int] | None = None, persist: bool = True):
         self.pipeline = pipeline
+        use_pipeline(pipeline.schema_roots)  # the job's transforms name its tables bare
         # persist=False runs the same transforms with nothing made durable (no epoch log,
         # no Delta commits, no checkpoints): the all-ephemeral baseline of the benchmarks.
         self.persist = persist
         # Per epoch: (epoch, seconds, finished at (wall clock), records read per Kafka edge).
         self.timings: list[tuple[int, float, float, dict[str, int]]] = []
+        # Seconds per phase over the run (epoch-log bookkeeping, input set-up, the job's
+        # process, each region's commits, sends and checkpoints): the benchmarks' profile.
+        self.profile: dict[str, float] = {}
         self.logic = logic
         self.spark = spark
         self.cfg = cfg or load()
@@ -468,6 +472,12 @@ class JobRunner:
             return False
         return self.log.passed_checks(self.pipeline.name)
 
+    def _spent(self, phase: str, since: float) -> float:
+        """Add the seconds since ``since`` to ``phase`` in the profile; now."""
+        now = time.monotonic()
+        self.profile[phase] = self.profile.get(phase, 0.0) + now - since
+        return now
+
     def process_epoch(self, e: int, where: dict) -> None:
         from falkirk.io.delta import read_appends, read_version
         from falkirk.io.kafka import produce, read_range
@@ -490,6 +500,7 @@ class JobRunner:
                                           self.generation, "running",
                                           note=f"pid {os.getpid()}")
                               for r in active if r not in redo))
+        t = self._spent("epoch log", started)
         inputs: dict[str, Any] = {}
         ranges: dict[str, dict] = {}
         for r in self.regions:
@@ -518,7 +529,9 @@ class JobRunner:
                         ranges[edge.name] = {"version": version}
         ctx = EpochContext(e, self.generation, self.spark, self.pipeline, inputs,
                            dict(self.state), active)
+        t = self._spent("inputs", t)
         result = self.logic.process(ctx)
+        t = self._spent("process", t)
 
         outputs: dict[str, dict[str, Any]] = {r: {} for r in self.regions}
         for r in sorted(active):
@@ -545,11 +558,13 @@ class JobRunner:
                             if self.persist else _materialize(df))
                     outputs[r][edge.name] = {"table": edge.table,
                                              "version": committed[edge.table]}
+                    t = self._spent(f"write {r}", t)
                 else:
                     outputs[r][edge.name] = {"topic": edge.topic,
                                              "records": produce(
                                                  df, self.cfg.kafka_bootstrap, edge.topic,
                                                  self._headers(r, e))}
+                    t = self._spent(f"send {r}", t)
         rows = []
         for r in sorted(active):
             spec = self.pipeline.regions[r]
@@ -560,6 +575,7 @@ class JobRunner:
                 if due and self.persist and not (r in redo and redo[r].status == "checkpointed"):
                     state_ref = self._checkpoint(r, e)
                     status = "checkpointed"
+                    t = self._spent(f"checkpoint {r}", t)
             if r in redo and state_ref is None:  # nothing new to say about this epoch
                 self.done[r] = e
                 continue
@@ -572,7 +588,9 @@ class JobRunner:
         if self.persist:
             self._check_fence(e)
             self.log.record(*rows)
+        t = self._spent("epoch log", t)
         self.logic.finish_epoch(ctx)
+        self._spent("finish", t)
         for name, (_, end) in ((k, v) for k, v in where.items() if k in self.positions):
             self.positions[name] = end
         seconds = time.monotonic() - started
@@ -657,6 +675,9 @@ class CompositeJob(JobLogic):
         self.parts = parts
         self.regions = tuple(r for part in parts for r in part.regions)
         self.memory: dict[str, Any] = {}  # table -> every epoch's output so far
+        # Seconds per part ("transform:<regions>"): its process and the materialization of
+        # the tables it hands over (the rest of its work is in the runner's write phases).
+        self.seconds: dict[str, float] = {}
 
     def initial_state(self, region: str, spark: Any) -> Any:
         return self._owner(region).initial_state(region, spark)
@@ -690,6 +711,7 @@ class CompositeJob(JobLogic):
                         inputs[edge.name] = held.filter(F.col("epoch") <= ctx.epoch - edge.delay)
             sub = EpochContext(ctx.epoch, ctx.generation, ctx.spark, ctx.pipeline, inputs,
                                state, ctx.active)
+            t0 = time.monotonic()
             out = part.process(sub)
             for name, df in out.outputs.items():
                 edge = self.pipeline.edges.get(name)
@@ -700,6 +722,8 @@ class CompositeJob(JobLogic):
                 result.outputs[name] = df
             state.update(out.state)
             result.state.update(out.state)
+            key = f"transform:{'+'.join(part.regions)}"
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.monotonic() - t0
         return result
 
     def finish_epoch(self, ctx: EpochContext) -> None:
@@ -720,14 +744,16 @@ def name_spark_jobs(spark: Any, pipeline: str, regions: set[str] | list[str], ep
 
 
 def load_job(job: str | Path) -> ModuleType:
-    """A job entry point (``jobs/<name>.py``, relative to the checkout, or a path from
-    ``Pipeline.job_path``) as a module: jobs are scripts, not a package."""
+    """A job entry point (a path, e.g. from ``Pipeline.job_path``) as a module: jobs are
+    scripts, not a package. Bare table and record names in it then resolve against the
+    ``schemas/`` of the nearest folder above it that has one (its pipeline's)."""
     import hashlib
     import importlib.util
 
-    from falkirk.config import REPO_ROOT
-
-    path = (REPO_ROOT / job).resolve()
+    path = Path(job).resolve()
+    folder = next((d for d in path.parents if (d / "schemas").is_dir()), None)
+    if folder is not None:
+        use_pipeline((folder / "schemas",))
     # keyed by the file, not its name: two pipelines may both have a jobs/ingest.py
     name = f"falkirk_job_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     if name in sys.modules:
@@ -741,7 +767,7 @@ def load_job(job: str | Path) -> ModuleType:
     return module
 
 
-def job_logic(job: str) -> JobLogic:
+def job_logic(job: str | Path) -> JobLogic:
     """The JobLogic a job entry point defines, instantiated."""
     module = load_job(job)
     found = [v for v in vars(module).values() if isinstance(v, type)

@@ -30,7 +30,8 @@ JOBS = ("jobs/ingest.py", "jobs/popularity.py", "jobs/communities.py", "jobs/ser
 
 def run_once(run, spark, lake: Path, persist: bool, until_epoch: int, bounded: bool = True):
     """The composite pipeline over the sandbox's topics, into its own lake (and epoch log:
-    with ``bounded``, the input is all produced and its bound is declared there first)."""
+    with ``bounded``, the input is all produced and its bound is declared there first);
+    the runner, done (its ``timings`` and ``profile``)."""
     from falkirk.log.epochlog import EpochLog
     from falkirk.runtime.bounds import declare_bounds
     from falkirk.runtime.runner import CompositeJob, JobRunner, job_logic
@@ -38,14 +39,14 @@ def run_once(run, spark, lake: Path, persist: bool, until_epoch: int, bounded: b
     cfg = replace(run.cfg, lake=str(lake))
     if bounded:
         declare_bounds(run.pipeline, cfg)
-    logic = CompositeJob(run.pipeline, [job_logic(j) for j in JOBS])
+    logic = CompositeJob(run.pipeline, [job_logic(run.pipeline.job_path(j)) for j in JOBS])
     runner = JobRunner(run.pipeline, logic, spark, cfg, EpochLog.from_config(cfg),
                        persist=persist)
     try:
         runner.run(until_epoch=until_epoch, poll_s=0.05)
     finally:
         runner.close()
-    return runner.timings
+    return runner
 
 
 def throughput(timings, topic_edge: str = "events") -> float:
@@ -65,7 +66,7 @@ def main(args: Namespace) -> dict:
     from falkirk_dev.harness import LocalRun
 
     console = Console()
-    epochs = args.epochs
+    epochs = args.epochs or 9
     figures: dict = {}
     with tempfile.TemporaryDirectory(prefix="falkirk-regimes-") as tmp, \
             LocalRun(Path(tmp) / "burst") as run:
@@ -78,7 +79,7 @@ def main(args: Namespace) -> dict:
             for name, persist in (("all-ephemeral", False), ("four regimes", True)):
                 with console.status(f"round {rnd + 1}: {name}…"):
                     timings = run_once(run, spark, Path(tmp) / f"{name}-{rnd}", persist,
-                                       epochs - 1)
+                                       epochs - 1).timings
                 rates[name].append(throughput(timings))
         eph = statistics.median(rates["all-ephemeral"])
         reg = statistics.median(rates["four regimes"])
@@ -114,7 +115,7 @@ def main(args: Namespace) -> dict:
                                 f"{epoch_s:.0f} s in real time ({rate:.0f} records/s)…"):
                 producer.start()
                 timings = run_once(live, spark, live_lake, True, args.latency_epochs - 1,
-                                   bounded=False)  # the feed declares it once all is sent
+                                   bounded=False).timings  # the feed declares the bound
                 producer.join()
         spark.stop()
         finished = {t[0]: t[2] for t in timings}

@@ -57,7 +57,7 @@ def main(args: Namespace) -> dict:
     from falkirk_dev.harness import LocalRun
 
     console = Console()
-    epochs = args.epochs
+    epochs = args.epochs or 9
     moments = list(range(args.kill_epoch - 2, args.kill_epoch + 1))
     results = []
     with tempfile.TemporaryDirectory(prefix="falkirk-rework-") as tmp, \

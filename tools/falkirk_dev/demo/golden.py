@@ -18,12 +18,13 @@ from falkirk_dev.demo.report import report_html, throughput_per_epoch
 
 def fingerprint(inputs: dict) -> str:
     """What the failure-free outputs depend on: the input options and the code and
-    declarations that compute them (jobs, the framework, schemas)."""
+    declarations that compute them (the reference app's jobs and schemas, the framework)."""
     h = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode())
-    files = [*sorted((REPO_ROOT / "jobs").glob("*.py")),
+    app = REPO_ROOT / "examples" / "reference"
+    files = [*sorted(app.rglob("*.py")), app / "pipeline.yaml",
+             *sorted((app / "schemas").glob("[!e]*/*")),  # not expectations/
              *sorted((REPO_ROOT / "plugins" / "falkirk").rglob("*.py")),
-             *sorted((REPO_ROOT / "plugins" / "falkirk" / "schemas").glob("*/*")),
-             *sorted((REPO_ROOT / "schemas").glob("[!e]*/*"))]  # not expectations/
+             *sorted((REPO_ROOT / "plugins" / "falkirk" / "schemas").glob("*/*"))]
     for path in files:
         if path.is_file():
             h.update(path.relative_to(REPO_ROOT).as_posix().encode())
@@ -50,7 +51,7 @@ def golden_outputs(root: Path, console, fresh: bool) -> tuple[dict, str, float]:
             return saved["outputs"], (
                 f"The failure-free outputs come from a run made {saved['made']} in "
                 f"{saved['seconds']:.0f} s on the same seeded input {DEMO_INPUT} with the same "
-                f"code (fingerprint {key} over jobs/, plugins/falkirk/ and schemas/), reused "
+                f"code (fingerprint {key} over examples/reference/ and plugins/falkirk/), reused "
                 f"from {cache}."), 0.0
     t0 = time.monotonic()
     shutil.rmtree(root / "failure-free", ignore_errors=True)

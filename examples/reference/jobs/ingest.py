@@ -1,7 +1,7 @@
 """Region ``ingest``: validate the events of one epoch, dead-letter the rest, aggregate.
 
 Pure transforms (no I/O); the runtime reads the epoch's records from the events topic
-(Spark's Kafka connector, values parsed against :data:`VALUE_SCHEMA` by
+(Spark's Kafka connector, values parsed against :func:`value_schema` by
 ``falkirk.io.kafka``), calls them and writes
 ``purchases``, ``interactions`` and ``dead_letters``. Every output is a function of the
 input rows only (no ordering, no floating-point sums that depend on partitioning), so
@@ -27,8 +27,6 @@ from falkirk.job import (
 )
 
 REGION = "ingest"
-VALUE_SCHEMA = ddl("records", "events")  # the record schema values are parsed against
-EVENT_FIELDS = tuple(f.name for f in arrow_schema("records", "events"))
 KINDS = ("view", "click", "purchase")
 INTERACTION_KINDS = ("click", "purchase")
 
@@ -39,6 +37,17 @@ INTERACTION_KINDS = ("click", "purchase")
 # "late: event epoch k < epoch e", "early: event epoch k > epoch e".
 REASON_KINDS = ("source", "missing field", "unknown kind", "non-finite amount",
                 "negative amount", "non-zero amount", "late", "early")  # fmt: skip
+
+
+def value_schema() -> str:
+    """The record schema the events topic's values are parsed against (Spark DDL), from
+    this pipeline's ``schemas/records/events.json`` (resolved when a job runs, not on import)."""
+    return ddl("records", "events")
+
+
+def event_fields() -> tuple[str, ...]:
+    """The fields of a event record, in the order its schema declares them."""
+    return tuple(f.name for f in arrow_schema("records", "events"))
 
 
 def event_epoch(ts: Column, origin_ms: int, epoch_ms: int) -> Column:
@@ -52,7 +61,7 @@ def reason(epoch: Column, origin_ms: int, epoch_ms: int) -> Column:
     kind, amount = F.col("kind"), F.col("amount")
     k = event_epoch(F.col("ts"), origin_ms, epoch_ms)
     check = F.when(F.col("error").isNotNull(), F.col("error"))
-    for name in EVENT_FIELDS:
+    for name in event_fields():
         check = check.when(F.col(name).isNull(), F.lit(f"missing field {name}"))
     return (
         check.when(~kind.isin(*KINDS), F.concat(F.lit("unknown kind '"), kind, F.lit("'")))
@@ -89,7 +98,7 @@ def validate_at(
         .withColumn("_reason", reason(F.col("_epoch"), origin_ms, epoch_ms))
     )
     events = df.filter(F.col("_reason").isNull()).select(
-        *EVENT_FIELDS, F.col("_epoch").alias("epoch")
+        *event_fields(), F.col("_epoch").alias("epoch")
     )
     return events, dead_letters(df.filter(F.col("_reason").isNotNull()), F.col("_epoch"))
 
@@ -100,7 +109,7 @@ def validate(
     """Split epoch ``epoch``'s source rows into ``(events_df, dead_letters_df)``.
 
     ``raw_df`` is ``falkirk.io.kafka.read_range``'s output with the record schema
-    :data:`VALUE_SCHEMA`. A row is a valid event when the
+    :func:`value_schema`. A row is a valid event when the
     source parsed it, no field is missing, its kind is known, its amount is finite and
     not negative, non-zero only on a purchase, and its event time (the ``ts`` field, not
     the Kafka timestamp) falls in ``epoch``; else it is a dead letter with the first

@@ -49,6 +49,7 @@ def transform(
     labels_df: DataFrame,
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     on_iteration: Callable[[int, int], None] | None = None,
+    seeds_df: DataFrame | None = None,
 ) -> tuple[DataFrame, int]:
     """Labels ``(node_id, label)`` of every node at the fixed point, and the rounds it took.
 
@@ -60,6 +61,12 @@ def transform(
     nodes at all takes 0). ``on_iteration(round, changed)`` is called after every round,
     e.g. to log ``(epoch, round)`` progress. Lineage is cut with ``localCheckpoint``
     every ``checkpoint_every`` rounds (rounds in between are cached), so plans stay small.
+
+    ``seeds_df`` (``node_id``): the workset, as Flink's delta iterations keep one: when
+    ``labels_df`` is the fixed point of the graph without some new edges, the endpoints
+    of those edges. Only they (and nodes without a previous label) send in the first
+    round, so an epoch that adds a few edges does not relabel the whole graph; None:
+    every node sends first.
     """
     if checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be ≥ 1, got {checkpoint_every}")
@@ -74,12 +81,17 @@ def transform(
     )
     previous = labels_df.select(F.col("node_id").cast("long"), F.col("label").cast("long"))
     nodes = adjacency.select(F.col("src").alias("node_id")).distinct()
+    known = nodes.join(previous, "node_id", "full")
+    first = F.lit(True)
+    if seeds_df is not None:
+        seeds = seeds_df.select(F.col("node_id").cast("long")).distinct()
+        known = known.join(seeds.withColumn("_seed", F.lit(True)), "node_id", "left")
+        first = F.col("_seed").isNotNull() | F.col("label").isNull()
     labels = (
-        nodes.join(previous, "node_id", "full")
-        .select(
+        known.select(
             "node_id",
             F.least(F.col("node_id"), F.coalesce(F.col("label"), F.col("node_id"))).alias("label"),
-            F.lit(True).alias("changed"),
+            first.alias("changed"),
         )
         .localCheckpoint()
     )
@@ -155,8 +167,9 @@ class CommunitiesJob(JobLogic):
         state = ctx.state[REGION]
         new = edges(ctx.inputs["interactions"].filter(F.col("epoch") == ctx.epoch))
         graph = state["edges"].unionByName(new).distinct().localCheckpoint()
+        seeds = new.select(F.col("user_id") * 2).union(new.select(F.col("item_id") * 2 + 1))
         labels, rounds = transform(
-            graph, state["labels"],
+            graph, state["labels"], seeds_df=seeds.toDF("node_id"),
             on_iteration=lambda i, changed: log.info("epoch %d iteration %d: %d label(s) "
                                                      "changed", ctx.epoch, i, changed))
         log.info("epoch %d converged after %d iteration(s)", ctx.epoch, rounds)

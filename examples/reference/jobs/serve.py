@@ -2,7 +2,7 @@
 
 Serving and its statistics run in one Spark job, so both transforms live here. The
 runtime reads the epoch's queries from the queries topic (``valueSchema`` =
-:data:`VALUE_SCHEMA`) and the side inputs cut at e - 1 (``user_community``,
+:func:`value_schema`) and the side inputs cut at e - 1 (``user_community``,
 ``interactions``, ``item_popularity``), and writes ``responses`` and ``query_stats``.
 Answers depend only on those rows: every choice has a total order for its ties.
 """
@@ -28,10 +28,32 @@ from falkirk.job import (
 
 REGION = "serve"
 STATS = "stats"
-VALUE_SCHEMA = ddl("records", "queries")  # the record schema values are parsed against
-QUERY_FIELDS = tuple(f.name for f in arrow_schema("records", "queries"))
 TOP_ITEMS = 3
 NONE = "none"  # query_stats value for a null label or category
+
+
+def value_schema() -> str:
+    """The record schema the queries topic's values are parsed against (Spark DDL), from
+    this pipeline's ``schemas/records/queries.json`` (resolved when a job runs, not on import)."""
+    return ddl("records", "queries")
+
+
+def query_fields() -> tuple[str, ...]:
+    """The fields of a querie record, in the order its schema declares them."""
+    return tuple(f.name for f in arrow_schema("records", "queries"))
+
+
+def validate_queries_at(raw_df: DataFrame, epoch: Column) -> tuple[DataFrame, DataFrame]:
+    """:func:`validate_queries` with the epoch as a column (the benchmark's plain job
+    validates every epoch at once)."""
+    check = F.when(F.col("error").isNotNull(), F.col("error"))
+    for name in query_fields():
+        check = check.when(F.col(name).isNull(), F.lit(f"missing field {name}"))
+    df = raw_df.withColumn("_epoch", epoch.cast("long")).withColumn("_reason", check)
+    queries = df.filter(F.col("_reason").isNull()).select(
+        *query_fields(), F.col("_epoch").alias("epoch")
+    )
+    return queries, dead_letters(df.filter(F.col("_reason").isNotNull()), F.col("_epoch"))
 
 
 def validate_queries(raw_df: DataFrame, epoch: int) -> tuple[DataFrame, DataFrame]:
@@ -42,15 +64,7 @@ def validate_queries(raw_df: DataFrame, epoch: int) -> tuple[DataFrame, DataFram
     ``epoch``. A query is answered in the epoch it is read in, whatever its ``ts``:
     lateness does not apply to requests. ``queries_df``: the query fields plus ``epoch``.
     """
-    check = F.when(F.col("error").isNotNull(), F.col("error"))
-    for name in QUERY_FIELDS:
-        check = check.when(F.col(name).isNull(), F.lit(f"missing field {name}"))
-    df = raw_df.withColumn("_reason", check)
-    queries = df.filter(F.col("_reason").isNull()).select(
-        *QUERY_FIELDS, F.lit(epoch).cast("long").alias("epoch")
-    )
-    return queries, dead_letters(df.filter(F.col("_reason").isNotNull()),
-                                 F.lit(epoch).cast("long"))
+    return validate_queries_at(raw_df, F.lit(epoch))
 
 
 def _as_of(df: DataFrame, epoch: int) -> DataFrame:

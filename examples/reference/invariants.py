@@ -1,8 +1,9 @@
 """Cross-region invariants of the reference pipeline (declared in its YAML as
-``invariants: jobs/invariants.py``; see ``falkirk.quality.invariants``)."""
+``invariants: invariants.py``; see ``falkirk.quality.invariants``)."""
 
 from __future__ import annotations
 
+from falkirk.job import load_job
 from falkirk.quality.invariants import (
     SAMPLE,
     CheckError,
@@ -11,7 +12,6 @@ from falkirk.quality.invariants import (
     output,
     read_input,
 )
-from falkirk.runtime.runner import load_job
 
 
 def _job(v, name: str):
