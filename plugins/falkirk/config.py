@@ -42,6 +42,8 @@ class Config:
     broker_data_dir: str = ""  # where the local broker keeps its data (local only)
     var_dir: str = str(STATE_DIR)  # pid files, logs, locks of this machine
     storage_options: tuple[tuple[str, str], ...] = ()  # for delta-rs on an object store
+    topic_replication: int = 1  # replicas of the input topics falkirk creates
+    spark_conf: tuple[tuple[str, str], ...] = ()  # more launch settings of this profile
     # Folders of the user's pipelines ($FALKIRK_PIPELINES, separated by ":"), searched
     # before a checkout's examples/: <folder>/<name>.yaml or
     # <folder>/<name>/pipeline.yaml (a pipeline folder with its jobs and schemas).
@@ -70,6 +72,9 @@ class Config:
                     str(self.spark_shuffle_partitions)}
         if self.spark_driver_java_options:
             conf["spark.driver.extraJavaOptions"] = self.spark_driver_java_options
+        if "://127.0.0.1:" in self.spark_master:  # a cluster on loopback: stay on it
+            conf["spark.driver.host"] = "127.0.0.1"
+        conf.update(self.spark_conf)
         return conf
 
     @property
@@ -86,6 +91,22 @@ PROFILES: dict[str, Config] = {
         spark_driver_java_options=("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
                                    " -XX:ReservedCodeCacheSize=240m"),
         broker_data_dir=str(STATE_DIR / "broker"),
+    ),
+    # The local cluster of `bin/cluster up` (tools/falkirk_dev/cluster.py): a Spark
+    # standalone master with 2 workers and 3 Kafka brokers, each a separate process. A
+    # remote cluster is the same profile with FALKIRK_SPARK_MASTER, FALKIRK_KAFKA_BOOTSTRAP
+    # and FALKIRK_LAKE set (docs/cluster.md).
+    "cluster": Config(
+        env="cluster",
+        lake=str(STATE_DIR / "cluster" / "lake"),
+        kafka_bootstrap="127.0.0.1:29092,127.0.0.1:29093,127.0.0.1:29094",
+        spark_master="spark://127.0.0.1:27077",
+        spark_driver_java_options=("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+                                   " -XX:ReservedCodeCacheSize=240m"),
+        topic_replication=3,
+        # Every job is an application of its own and streaming jobs never end: each takes
+        # one executor core, so the workers' cores go round (tools/falkirk_dev/cluster.py).
+        spark_conf=(("spark.cores.max", "1"), ("spark.executor.memory", "768m")),
     ),
     "compose": Config(
         env="compose",

@@ -37,6 +37,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from falkirk_dev import demo
     return demo.main(args)
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from falkirk_dev import cluster
+    return cluster.main(args)
+
 def cmd_chaos(args: argparse.Namespace) -> int:
     from falkirk_dev import chaos
     return chaos.main(args)
@@ -114,6 +118,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", help="where the sandboxes go (default: a new temp folder)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON here")
     p.set_defaults(func=cmd_chaos)
+
+    p = sub.add_parser("cluster", help="a local cluster as separate processes: Spark "
+                       "standalone (master + 2 workers) and 3 Kafka brokers (FALKIRK_ENV=cluster)")
+    p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("--json", action="store_true", help="status as JSON on stdout")
+    p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("bench", help="print performance figures")
     p.add_argument("what", choices=list(BENCHES), help="which benchmark")

@@ -172,7 +172,8 @@ TOPIC_CONFIGS = {
 
 
 def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
-    """Create the input topics that do not exist (with :data:`TOPIC_CONFIGS`).
+    """Create the input topics that do not exist (with :data:`TOPIC_CONFIGS`, and the
+    profile's ``topic_replication``: 3 replicas on a cluster).
 
     An existing topic with another partition count is an error: records are placed in
     partitions (and so in epochs' offset ranges) by the count they were produced with.
@@ -180,12 +181,15 @@ def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
     from kafka import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
 
+    from falkirk.config import load
+
+    replicas = load().topic_replication
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="falkirk-topics")
     try:
         for name, partitions in topics.items():
             try:
                 admin.create_topics(
-                    {name: {"num_partitions": partitions, "replication_factor": 1,
+                    {name: {"num_partitions": partitions, "replication_factor": replicas,
                             "configs": TOPIC_CONFIGS}},  # fmt: skip
                     wait_for_metadata=True,
                 )

@@ -1,0 +1,348 @@
+"""A cluster on this machine, as separate processes, the way it runs on many: ``bin/cluster``.
+
+``up`` starts, on loopback, a Spark standalone master and 2 workers (from the installed
+Spark: ``spark-class org.apache.spark.deploy.master.Master`` / ``…worker.Worker``; pip's
+pyspark has no start scripts) and 3 Apache Kafka nodes in KRaft mode (each broker and
+controller, a quorum of 3 voters; topics get 3 replicas and ``min.insync.replicas=2``).
+Each component runs in its own process group, recorded in ``<var>/cluster/cluster.json``
+with its address, so ``down`` (another process) ends every one of them and nothing else;
+``status [--json]`` says which are up. ``FALKIRK_ENV=cluster`` points falkirk at them
+(``falkirk.config``): jobs go to the master with the JVM jars shipped to the executors.
+
+Ports are fixed (below; the ``cluster`` profile names them): a port in use, a component
+that does not come up in time, or a stale folder stops ``up``, which then stops what it
+started and names the component with the tail of its log. Not here yet (issue 18): the
+object store, Airflow with Celery workers, and the fault tests beyond a lost broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from falkirk.errors import FalkirkError
+
+SPARK_MASTER_PORT, SPARK_MASTER_UI = 27077, 28080
+SPARK_WORKER_UIS = (28081, 28082)
+KAFKA_PORTS = (29092, 29093, 29094)
+KAFKA_CONTROLLER_PORTS = (29192, 29193, 29194)
+# Sized for 2 cores and 24 GiB: each worker offers 3 executor slots (more than the cores:
+# a pipeline's streaming jobs each hold one for good, the cluster profile caps an
+# application at 1 core) and 3 GiB (768 MB per executor).
+WORKER_CORES, WORKER_MEMORY = "3", "3g"
+DAEMON_MEMORY = "256m"
+KAFKA_JVM = ("-Xms64m", "-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+START_TIMEOUT_S = 90.0
+
+
+class ClusterError(FalkirkError, RuntimeError):
+    """A component of the local cluster did not start, or the cluster folder is stale."""
+
+
+@dataclass
+class Component:
+    """One process of the cluster: how to start it and where it answers."""
+
+    name: str
+    kind: str  # spark-master, spark-worker, kafka
+    cmd: list[str]
+    port: int  # where it answers (its health check connects here)
+    address: str
+    env: dict[str, str] = field(default_factory=dict)
+    pgid: int | None = None
+    started_at: float | None = None
+
+    def state(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k not in ("cmd", "env")}
+
+
+def folder() -> Path:
+    from falkirk.config import load
+
+    return Path(load().var_dir) / "cluster"
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _spark_class() -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+
+
+def spark_components(root: Path) -> list[Component]:
+    env = {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
+           "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(root / "spark"),
+           "SPARK_WORKER_DIR": str(root / "spark" / "work")}
+    master = f"spark://127.0.0.1:{SPARK_MASTER_PORT}"
+    out = [Component("spark-master", "spark-master",
+                     [_spark_class(), "org.apache.spark.deploy.master.Master", "--host",
+                      "127.0.0.1", "--port", str(SPARK_MASTER_PORT), "--webui-port",
+                      str(SPARK_MASTER_UI)], SPARK_MASTER_PORT, master, env)]
+    for i, ui in enumerate(SPARK_WORKER_UIS, start=1):
+        out.append(Component(
+            f"spark-worker-{i}", "spark-worker",
+            [_spark_class(), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+             "--cores", WORKER_CORES, "--memory", WORKER_MEMORY, "--webui-port", str(ui),
+             "--work-dir", str(root / "spark" / f"work-{i}"), master],
+            ui, f"http://127.0.0.1:{ui}", env))
+    return out
+
+
+def kafka_properties(node: int, data: Path) -> str:
+    """server.properties of node ``node`` (1..3) of the 3-node KRaft quorum."""
+    voters = ",".join(f"{i}@127.0.0.1:{p}" for i, p in enumerate(KAFKA_CONTROLLER_PORTS, 1))
+    port, cport = KAFKA_PORTS[node - 1], KAFKA_CONTROLLER_PORTS[node - 1]
+    return "\n".join([
+        "process.roles=broker,controller", f"node.id={node}",
+        f"controller.quorum.voters={voters}",
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names=CONTROLLER",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        f"log.dirs={data / 'logs'}",
+        # Replicated: a lost broker loses no acknowledged record (acks=all, 2 in sync).
+        "default.replication.factor=3", "min.insync.replicas=2",
+        "offsets.topic.replication.factor=3", "transaction.state.log.replication.factor=3",
+        "transaction.state.log.min.isr=2", "share.coordinator.state.topic.replication.factor=3",
+        "share.coordinator.state.topic.min.isr=2", "unclean.leader.election.enable=false",
+        "group.initial.rebalance.delay.ms=0", "log.retention.ms=-1", "log.retention.bytes=-1",
+        "num.partitions=1", ""])
+
+
+def kafka_components(root: Path) -> list[Component]:
+    from falkirk.io.jars import kafka_classpath
+    from falkirk.local.broker import LOG4J2, _new_cluster_id
+
+    classpath = kafka_classpath()
+    id_file = root / "kafka" / "cluster.id"
+    id_file.parent.mkdir(parents=True, exist_ok=True)
+    if not id_file.exists():
+        id_file.write_text(_new_cluster_id())
+    cluster_id = id_file.read_text().strip()
+    out = []
+    for node in (1, 2, 3):
+        data = root / "kafka" / f"node-{node}"
+        data.mkdir(parents=True, exist_ok=True)
+        props = data / "server.properties"
+        props.write_text(kafka_properties(node, data))
+        (data / "log4j2.yaml").write_text(LOG4J2)
+        if not (data / "logs" / "meta.properties").exists():
+            done = subprocess.run(["java", "-cp", classpath, "kafka.tools.StorageTool",
+                                   "format", "-t", cluster_id, "-c", str(props)],
+                                  capture_output=True, text=True, timeout=120, check=False)
+            if done.returncode != 0:
+                raise ClusterError(f"kafka-{node}: formatting {data} failed: "
+                                   f"{(done.stdout + done.stderr).strip()[-1500:]}")
+        port = KAFKA_PORTS[node - 1]
+        out.append(Component(
+            f"kafka-{node}", "kafka",
+            ["java", *KAFKA_JVM, f"-Dlog4j2.configurationFile={data / 'log4j2.yaml'}", "-cp",
+             classpath, "kafka.Kafka", str(props)], port, f"127.0.0.1:{port}"))
+    return out
+
+
+def _log(root: Path, c: Component) -> Path:
+    return root / "logs" / f"{c.name}.log"
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _alive(pgid: int | None) -> bool:
+    from falkirk.runtime.procs import group_members
+
+    return pgid is not None and bool(group_members(pgid))
+
+
+def _stop_group(pgid: int, timeout_s: float = 20.0) -> None:
+    """TERM the group (the JVMs shut down cleanly), then KILL whatever is left."""
+    from falkirk.runtime.procs import group_members
+
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        if not group_members(pgid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _save(root: Path, comps: list[Component]) -> None:
+    (root / "cluster.json").write_text(json.dumps([c.state() for c in comps], indent=1))
+
+
+def recorded(root: Path | None = None) -> list[dict]:
+    path = (root or folder()) / "cluster.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def up(root: Path | None = None, console=None) -> list[dict]:
+    """Start every component and wait until each answers; on any failure stop what
+    started and raise naming the component, with the tail of its log."""
+    root = root or folder()
+    running = [c for c in recorded(root) if _alive(c["pgid"])]
+    if running:
+        raise ClusterError(f"a cluster is already up here ({', '.join(c['name'] for c in running)}"
+                           f"; {root}): `bin/cluster down` first")
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    comps = [*spark_components(root), *kafka_components(root)]
+    for c in comps:
+        ports = [c.port] + ([KAFKA_CONTROLLER_PORTS[KAFKA_PORTS.index(c.port)]]
+                            if c.kind == "kafka" else [])
+        busy = [p for p in ports if _listening(p)]
+        if busy:
+            raise ClusterError(f"{c.name}: port {busy[0]} on 127.0.0.1 is already in use "
+                               "(another cluster, or another program): nothing was started")
+    started: list[Component] = []
+    try:
+        for c in comps:
+            with open(_log(root, c), "ab") as log:
+                log.write(f"\n--- {time.strftime('%F %T')} {c.name}: {' '.join(c.cmd)}\n"
+                          .encode())
+                log.flush()
+                proc = subprocess.Popen(c.cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={**os.environ, **c.env})
+            c.pgid, c.started_at = proc.pid, time.time()
+            started.append(c)
+            _save(root, started)
+            if console is not None:
+                console.print(f"started {c.name} (process group {c.pgid})")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for c in started:
+            while not _listening(c.port):
+                if not _alive(c.pgid):
+                    raise ClusterError(f"{c.name} exited while starting; last lines of "
+                                       f"{_log(root, c)}:\n{_tail(_log(root, c))}")
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{c.name} did not answer on port {c.port} within "
+                                       f"{START_TIMEOUT_S:.0f} s; last lines of "
+                                       f"{_log(root, c)}:\n{_tail(_log(root, c))}")
+                time.sleep(0.3)
+        _wait_for_workers(deadline)
+        _wait_for_brokers(deadline)
+    except BaseException:
+        for c in reversed(started):
+            _stop_group(c.pgid)
+        (root / "cluster.json").unlink(missing_ok=True)
+        raise
+    return status(root)
+
+
+def _wait_for_workers(deadline: float) -> None:
+    """The master lists both workers as ALIVE (its JSON page)."""
+    import urllib.request
+
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{SPARK_MASTER_UI}/json/",
+                                        timeout=3) as r:
+                alive = [w for w in json.load(r).get("workers", []) if w["state"] == "ALIVE"]
+            if len(alive) >= len(SPARK_WORKER_UIS):
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise ClusterError("spark-master: its workers did not register in time")
+        time.sleep(0.5)
+
+
+def _wait_for_brokers(deadline: float) -> None:
+    """The quorum answers metadata with all 3 brokers."""
+    from kafka import KafkaAdminClient
+
+    while True:
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap(), request_timeout_ms=3000,
+                                     client_id="falkirk-cluster")
+            try:
+                if len(admin.describe_cluster()["brokers"]) == len(KAFKA_PORTS):
+                    return
+            finally:
+                admin.close()
+        except Exception:  # not answering yet
+            pass
+        if time.monotonic() > deadline:
+            raise ClusterError("kafka: the 3 brokers did not form a cluster in time")
+        time.sleep(0.5)
+
+
+def bootstrap() -> str:
+    return ",".join(f"127.0.0.1:{p}" for p in KAFKA_PORTS)
+
+
+def status(root: Path | None = None) -> list[dict]:
+    """Each recorded component: name, kind, address, process group, and health (its
+    process group lives and its port answers)."""
+    out = []
+    for c in recorded(root):
+        alive = _alive(c["pgid"])
+        out.append({**c, "alive": alive, "healthy": alive and _listening(c["port"])})
+    return out
+
+
+def down(root: Path | None = None) -> list[str]:
+    """Stop every recorded component (its whole process group); the names stopped."""
+    root = root or folder()
+    comps = recorded(root)
+    for c in reversed(comps):
+        if c["pgid"] is not None:
+            _stop_group(c["pgid"])
+    (root / "cluster.json").unlink(missing_ok=True)
+    return [c["name"] for c in comps]
+
+
+def kill(name: str, root: Path | None = None) -> None:
+    """SIGKILL one component's process group (a fault, for tests)."""
+    for c in recorded(root):
+        if c["name"] == name:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(c["pgid"], signal.SIGKILL)
+            return
+    raise ClusterError(f"no component {name!r} in the cluster")
+
+
+def main(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if args.action == "up":
+        comps = up(console=console)
+    elif args.action == "down":
+        console.print(f"stopped: {', '.join(down()) or 'nothing was up'}")
+        return 0
+    else:
+        comps = status()
+    if getattr(args, "json", False):
+        print(json.dumps({"folder": str(folder()), "components": comps}, indent=1))
+    else:
+        table = Table(title=f"local cluster ({folder()})", title_justify="left")
+        for col in ("component", "address", "process group", "health"):
+            table.add_column(col)
+        for c in comps:
+            table.add_row(c["name"], c["address"], str(c["pgid"]),
+                          "[green]up[/green]" if c["healthy"] else "[red]down[/red]")
+        console.print(table if comps else "no cluster is up")
+    return 0 if all(c["healthy"] for c in comps) else 1
