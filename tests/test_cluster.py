@@ -1,6 +1,7 @@
 """The local cluster (``bin/cluster``): Spark standalone and a 3-broker Kafka cluster, each
 component its own process; a lost broker loses no acknowledged record, executors on the
-workers read the topics with the shipped connector jars, and ``down`` leaves nothing."""
+workers read the topics with the shipped connector jars, a lost worker's tasks run again
+on the other, and ``down`` leaves nothing."""
 
 from __future__ import annotations
 
@@ -54,6 +55,22 @@ CLIENT = textwrap.dedent("""
            "replicas": sorted(len(p["replica_nodes"]) for p in parts),
            "rows": df.count(), "distinct": df.select("i").distinct().count(),
            "executors": len(status.getExecutorInfos()) - 1}  # minus the driver
+
+    # A worker is lost while its executor runs tasks: Spark runs them again elsewhere.
+    import threading, time, urllib.request
+    done = {}
+    slow = spark.sparkContext.parallelize(range(8), 8).map(lambda x: (time.sleep(3), x)[1])
+    job = threading.Thread(target=lambda: done.update(sum=slow.sum()))
+    job.start()
+    while not any(status.getStageInfo(s).numActiveTasks for s in status.getActiveStageIds()):
+        time.sleep(0.2)  # until a task runs on the executor
+    with urllib.request.urlopen("http://127.0.0.1:28080/json/") as r:
+        busy = next(w["webuiaddress"] for w in json.load(r)["workers"]
+                    if w["state"] == "ALIVE" and w["coresused"] > 0)
+    out["killed"] = {c["address"]: c["name"] for c in cluster.status()}[busy]
+    cluster.kill(out["killed"])
+    job.join(timeout=400)
+    out["sum_after_the_loss"] = done.get("sum")
     spark.stop()
     print(json.dumps(out))
 """)
@@ -88,11 +105,14 @@ def test_cluster_up_runs_spark_on_the_workers_survives_a_lost_broker_and_down_en
                          env={**env, "FALKIRK_ENV": "cluster"}, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
+    killed = seen.pop("killed")
+    assert killed in ("spark-worker-1", "spark-worker-2")
     assert seen == {"master": "spark://127.0.0.1:27077", "replicas": [3, 3, 3],
-                    "rows": 1000, "distinct": 1000, "executors": 1}  # spark.cores.max=1
+                    "rows": 1000, "distinct": 1000, "executors": 1,  # spark.cores.max=1
+                    "sum_after_the_loss": sum(range(8))}
     after = {c["name"]: c["healthy"] for c in
              json.loads(_cluster(env, "status", "--json").stdout)["components"]}
-    assert not after.pop("kafka-2") and all(after.values())
+    assert not after.pop("kafka-2") and not after.pop(killed) and all(after.values())
 
     down = _cluster(env, "down")
     assert down.returncode == 0, down.stderr
@@ -108,4 +128,17 @@ def test_up_refuses_a_port_in_use_naming_the_component_and_starts_nothing(env):
         up = _cluster(env, "up", timeout=120)
     assert up.returncode != 0
     assert "kafka-2: port 29093 on 127.0.0.1 is already in use" in up.stderr
+    assert json.loads(_cluster(env, "status", "--json").stdout)["components"] == []
+
+
+def test_up_refuses_a_stale_cluster_folder_and_deletes_nothing(env, tmp_path):
+    kafka = tmp_path / "var" / "cluster" / "kafka"
+    (kafka / "node-1" / "logs").mkdir(parents=True)
+    (kafka / "cluster.id").write_text("ours")
+    meta = kafka / "node-1" / "logs" / "meta.properties"
+    meta.write_text("version=1\ncluster.id=theirs\nnode.id=1\n")
+    up = _cluster(env, "up", timeout=120)
+    assert up.returncode != 0
+    assert "kafka-1:" in up.stderr and "a stale cluster folder" in up.stderr
+    assert meta.read_text() == "version=1\ncluster.id=theirs\nnode.id=1\n"
     assert json.loads(_cluster(env, "status", "--json").stdout)["components"] == []

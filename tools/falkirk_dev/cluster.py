@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from falkirk.errors import FalkirkError
+from falkirk.local.broker import _listening
 
 SPARK_MASTER_PORT, SPARK_MASTER_UI = 27077, 28080
 SPARK_WORKER_UIS = (28081, 28082)
@@ -69,14 +69,6 @@ def folder() -> Path:
     from falkirk.config import load
 
     return Path(load().var_dir) / "cluster"
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _spark_class() -> str:
@@ -142,7 +134,17 @@ def kafka_components(root: Path) -> list[Component]:
         props = data / "server.properties"
         props.write_text(kafka_properties(node, data))
         (data / "log4j2.yaml").write_text(LOG4J2)
-        if not (data / "logs" / "meta.properties").exists():
+        meta = data / "logs" / "meta.properties"
+        if meta.exists():  # formatted before: by this cluster, or it is a stale folder
+            found = dict(line.split("=", 1) for line in meta.read_text().splitlines()
+                         if "=" in line and not line.startswith("#"))
+            if found.get("cluster.id") != cluster_id:
+                raise ClusterError(
+                    f"kafka-{node}: {data} holds the storage of another Kafka cluster "
+                    f"({found.get('cluster.id')}, not {cluster_id} of {id_file}): a stale "
+                    f"cluster folder; nothing was started or deleted (remove {root} to "
+                    "start afresh)")
+        else:
             done = subprocess.run(["java", "-cp", classpath, "kafka.tools.StorageTool",
                                    "format", "-t", cluster_id, "-c", str(props)],
                                   capture_output=True, text=True, timeout=120, check=False)
