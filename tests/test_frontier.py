@@ -13,7 +13,7 @@ import pytest
 from falkirk.cli import main as cli_main
 from falkirk.solver.frontier import Entry, Problem, ProblemError, Solver, check_plan, solve
 
-PROBLEMS = Path(__file__).resolve().parents[1] / "schemas" / "problems"
+PROBLEMS = Path(__file__).resolve().parents[1] / "plugins" / "falkirk" / "solver" / "problems"
 
 
 def load(name: str) -> Problem:

@@ -203,7 +203,7 @@ def scale_svg(sizes: list[dict], title: str) -> str:
         parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="'
                      + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
         parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>' for x, y in pts]
-        parts.append(f'<text x="{w - m - 90}" y="{m + 14 * i}" fill="{c}">{variant}</text>')
+        parts.append(f'<text x="{m + 10}" y="{m + 14 * i}" fill="{c}">{variant}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
