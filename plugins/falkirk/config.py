@@ -82,14 +82,18 @@ class Config:
         return dict(self.storage_options)
 
 
+# Drivers sharing this machine's 2 cores: C1 only, the serial collector, the tiered code
+# cache (see Config.spark_driver_java_options); the local and the cluster profile use them.
+LOCAL_DRIVER_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+                             " -XX:ReservedCodeCacheSize=240m")
+
 PROFILES: dict[str, Config] = {
     "local": Config(
         env="local",
         lake=str(STATE_DIR / "lake"),
         kafka_bootstrap="127.0.0.1:19092",
         spark_master="local[2]",
-        spark_driver_java_options=("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-                                   " -XX:ReservedCodeCacheSize=240m"),
+        spark_driver_java_options=LOCAL_DRIVER_JAVA_OPTIONS,
         broker_data_dir=str(STATE_DIR / "broker"),
     ),
     # The local cluster of `bin/cluster up` (tools/falkirk_dev/cluster.py): a Spark
@@ -101,8 +105,7 @@ PROFILES: dict[str, Config] = {
         lake=str(STATE_DIR / "cluster" / "lake"),
         kafka_bootstrap="127.0.0.1:29092,127.0.0.1:29093,127.0.0.1:29094",
         spark_master="spark://127.0.0.1:27077",
-        spark_driver_java_options=("-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-                                   " -XX:ReservedCodeCacheSize=240m"),
+        spark_driver_java_options=LOCAL_DRIVER_JAVA_OPTIONS,
         topic_replication=3,
         # Every job is an application of its own and streaming jobs never end: each takes
         # one executor core, so the workers' cores go round (tools/falkirk_dev/cluster.py).
