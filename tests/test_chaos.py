@@ -20,3 +20,12 @@ def test_a_short_campaign_loses_duplicates_and_sticks_nothing(tmp_path):
                                       "outputs_differ")}
     assert summary == {"lost": 0, "duplicated": 0, "stuck": 0, "changed_on_resend": 0,
                        "outputs_differ": []}, result
+    # every recovery says where its time went (the campaign's profile of recovery)
+    recovered = [k for k in result["events"] if k.get("recovery_s") is not None
+                 and "parts" in k]
+    if result["rollbacks"]:
+        assert recovered, result["events"]
+        assert {"detect_s", "rollback_s", "start_s", "catch_up_s"} <= set(
+            result["recovery_parts_s_p50"]), result["recovery_parts_s_p50"]
+        for k in recovered:
+            assert all(v >= 0 for v in k["parts"].values()), k

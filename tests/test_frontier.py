@@ -305,3 +305,50 @@ def test_live_progress_is_solved_incrementally_like_a_full_solve():
     got = {n: f.to_json() for n, f in solver.frontiers().items()}
     assert got["report"] == 6
     assert got == solve(Problem.from_json(problem.to_json())).to_json()["frontiers"]
+
+
+def test_an_incremental_update_pays_for_no_garbage_collection_and_no_index_build():
+    """A large problem holds millions of objects: one full collection of them costs ~0.45 s
+    (the benchmark's worst update was 457 ms, its median 0.2 ms), and the first update
+    used to build the problem's adjacency (~20 ms). Updates pause the collector and the
+    adjacency is built with the index. Forced here: the collector would run at every
+    allocation, so any collection inside an update is seen."""
+    import gc
+
+    from falkirk_dev.bench.solver_bench import new_checkpoint, random_problem
+
+    problem = random_problem(300, 900, 10, seed=3)  # the benchmark's graph, smaller
+    solver = Solver(problem)
+    solver.frontiers()
+    assert problem._adj is not None  # built with the index, not by the first update
+    region = sorted(problem.regions)[7]
+    entry = new_checkpoint(problem, region, 10)
+    collections: list[str] = []
+    inner = {"_add_frontier", "refresh", "_changed", "_descendants", "_drain", "_limit",
+             "_check_monotone", "_build"}
+
+    def seen(phase: str, info: dict) -> None:
+        """A collection that starts inside the solver's work (not in the call's first
+        allocations, before the pause: those can happen anywhere)."""
+        import sys
+
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_name in inner:
+                collections.append(f"generation {info['generation']} in "
+                                   f"{frame.f_code.co_name}")
+                return
+            frame = frame.f_back
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(seen)
+    gc.set_threshold(1, 1, 1)  # a collection at every allocation the collector sees
+    try:
+        solver.add_frontier(region, entry)
+        solver.fail(region)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(seen)
+    assert collections == []
+    assert {n: f.to_json() for n, f in solver.frontiers().items()} == solve(
+        problem).to_json()["frontiers"]

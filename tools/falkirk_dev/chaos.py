@@ -137,8 +137,9 @@ class Campaign:
         dead = _failed_jobs(self.run)
         if not dead:
             return
+        t_detect = time.monotonic()
         t_kill = min((k["at"] for k in self.kills if "recovery_s" not in k),
-                     default=time.monotonic())
+                     default=t_detect)
         for job, code in dead.items():
             point = self.armed.pop(job, None)
             if point is not None:  # it killed itself: that is this kill
@@ -150,8 +151,10 @@ class Campaign:
                    and "rollback_point" not in k]
         if pending:
             self._crash_a_rollback(failed, pending[-1])
+        t_rollback = time.monotonic()
         plan = self.run.rollback(failed=failed, reason=f"chaos: {', '.join(sorted(dead))} died")
         self.rollbacks += 1
+        t_restart = time.monotonic()
         restart = sorted(job for job, proc in self.run.procs.items()
                          if proc.poll() is not None and (
                              proc.returncode != 0
@@ -168,11 +171,22 @@ class Campaign:
                 self.armed[job] = arm[job]
         self.say(f"rolled back {', '.join(failed)} (frontiers {plan.frontiers}); restarted "
                  f"{', '.join(restart) or 'nothing'}")
-        recovered = self._wait_recovered(plan.affected, plan.generation)
+        recovered, started = self._wait_recovered(plan.affected, plan.generation, restart)
+        # Where the time went: noticing the death, the rollback (plan, stop, restore), the
+        # restarted jobs' start (JVM, Spark session, state restored: their start row in
+        # the log of runs), their catch-up to the first commit in the new generation.
+        parts = {"detect_s": t_detect - t_kill, "rollback_s": t_restart - t_rollback}
+        if pending:  # the rollback killed at one of its crash points, before this one
+            parts["crashed_rollback_s"] = t_rollback - t_detect
+        if started is not None:
+            parts["start_s"] = started - t_restart
+            if recovered is not None:
+                parts["catch_up_s"] = recovered - started
         for k in self.kills:
             if "recovery_s" not in k:
                 k["recovery_s"] = (round(recovered - t_kill, 2)
                                    if recovered is not None else None)
+                k["parts"] = {n: round(v, 2) for n, v in parts.items()}
 
     def _crash_a_rollback(self, failed: list[str], kill: dict[str, Any]) -> None:
         point = self.rng.choice(ROLLBACK_POINTS)
@@ -191,21 +205,29 @@ class Campaign:
             self.say(f"the rollback of {', '.join(failed)} SIGKILLed at {point}")
         # The crashed rollback may have stopped (killed) jobs: the recovery restarts them.
 
-    def _wait_recovered(self, affected: set[str], generation: int) -> float | None:
-        """When every affected region committed in ``generation`` or ended; None if a job
-        died first (the next recovery handles it) or nothing happened for too long."""
+    def _wait_recovered(self, affected: set[str], generation: int, restarted: list[str]
+                        ) -> tuple[float | None, float | None]:
+        """When every affected region committed in ``generation`` or ended (None if a job
+        died first: the next recovery handles it, or nothing happened for too long), and
+        when every restarted job had recorded its start in that generation."""
         deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        started = None if restarted else time.monotonic()
         while time.monotonic() < deadline:
+            if started is None:
+                runs = self.run.log.job_runs(self.run.pipeline.name)
+                if all(runs.get(j, {}).get("generation") == generation for j in restarted):
+                    started = time.monotonic()
             back = _committed_in(self.run, affected, generation) | _ended(self.run, affected)
             if back >= affected:
-                return time.monotonic()
+                now = time.monotonic()
+                return now, started if started is not None else now
             if _failed_jobs(self.run):
-                return None
+                return None, started
             time.sleep(POLL_S)
         self.stuck += 1
         self.say(f"[red]stuck: {sorted(affected)} did not commit within "
                  f"{RECOVERY_TIMEOUT_S:.0f} s")
-        return None
+        return None, started
 
     def _wait_any_commit(self, t_kill: float) -> None:
         before = len(self.run.log.records(self.run.pipeline.name))
@@ -217,6 +239,13 @@ class Campaign:
                 return
             time.sleep(POLL_S)
         self.stuck += 1
+
+
+def _parts_median(kills: list[dict[str, Any]]) -> dict[str, float]:
+    """Per part of a recovery (detect, rollback, start, catch-up), its median over kills."""
+    names = sorted({n for k in kills for n in k.get("parts", {})})
+    return {n: round(statistics.median(vs), 2) for n in names
+            if (vs := [k["parts"][n] for k in kills if n in k.get("parts", {})])}
 
 
 def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
@@ -278,6 +307,12 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
         "recovery_s_p95": (recoveries[min(len(recoveries) - 1,
                                           int(0.95 * len(recoveries)))]
                            if recoveries else None),
+        # the median of each part of a recovery, and of the slowest twentieth's
+        "recovery_parts_s_p50": _parts_median(counted),
+        "recovery_parts_s_slowest": _parts_median(
+            [k for k in counted if k.get("recovery_s") is not None
+             and k["recovery_s"] >= (recoveries[int(0.95 * (len(recoveries) - 1))]
+                                     if recoveries else 0)]),
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
         "outputs_differ": sorted(k for k, v in report.items() if v["lost"] or v["duplicated"]),
         "sent": sent, "events": c.kills,

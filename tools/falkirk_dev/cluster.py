@@ -30,6 +30,7 @@ from typing import Any
 
 from falkirk.errors import FalkirkError
 from falkirk.local.broker import _listening
+from falkirk.runtime.procs import stop_group
 
 SPARK_MASTER_PORT, SPARK_MASTER_UI = 27077, 28080
 SPARK_WORKER_UIS = (28081, 28082)
@@ -176,20 +177,6 @@ def _alive(pgid: int | None) -> bool:
     return pgid is not None and bool(group_members(pgid))
 
 
-def _stop_group(pgid: int, timeout_s: float = 20.0) -> None:
-    """TERM the group (the JVMs shut down cleanly), then KILL whatever is left."""
-    from falkirk.runtime.procs import group_members
-
-    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-        if not group_members(pgid):
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-
 def _save(root: Path, comps: list[Component]) -> None:
     (root / "cluster.json").write_text(json.dumps([c.state() for c in comps], indent=1))
 
@@ -246,7 +233,7 @@ def up(root: Path | None = None, console=None) -> list[dict]:
         _wait_for_brokers(deadline)
     except BaseException:
         for c in reversed(started):
-            _stop_group(c.pgid)
+            stop_group(c.pgid, timeout_s=20.0)
         (root / "cluster.json").unlink(missing_ok=True)
         raise
     return status(root)
@@ -294,6 +281,52 @@ def bootstrap() -> str:
     return ",".join(f"127.0.0.1:{p}" for p in KAFKA_PORTS)
 
 
+class ClusterKafka:
+    """The cluster's Kafka as a sandbox's broker (``LocalRun(broker=...)``): started and
+    stopped by ``bin/cluster``, not by the run. A run owns its topics: ``start`` deletes the
+    pipeline's topics left by an earlier run, so every run begins on empty ones."""
+
+    def __init__(self, topics: list[str], servers: str | None = None):
+        self.bootstrap = servers or bootstrap()
+        self.topics = topics
+
+    def start(self) -> ClusterKafka:
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="falkirk-demo")
+        try:
+            old = sorted(set(self.topics) & set(admin.list_topics()))
+            if old:
+                admin.delete_topics(old)
+            deadline = time.monotonic() + 60
+            while set(old) & set(admin.list_topics()):  # deletion is asynchronous
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"kafka: topics {old} not deleted within 60 s")
+                time.sleep(0.5)
+        finally:
+            admin.close()
+        return self
+
+    def stop(self) -> None:
+        """Nothing: the cluster outlives the run."""
+
+
+def engines(servers: str | None = None) -> str:
+    """What a run on the cluster ran on, for reports: each component's address and health."""
+    comps = status()
+    if not comps:
+        raise ClusterError("no local cluster is up: run bin/cluster up first")
+    sick = [c["name"] for c in comps if not c["healthy"]]
+    if sick:
+        raise ClusterError(f"the local cluster is not healthy: {', '.join(sick)} down "
+                           "(bin/cluster status)")
+    by_kind: dict[str, list[str]] = {}
+    for c in comps:
+        by_kind.setdefault(c["kind"], []).append(c["address"])
+    return "; ".join(f"{kind} × {len(addrs)} ({', '.join(addrs)})"
+                     for kind, addrs in by_kind.items())
+
+
 def status(root: Path | None = None) -> list[dict]:
     """Each recorded component: name, kind, address, process group, and health (its
     process group lives and its port answers)."""
@@ -310,7 +343,7 @@ def down(root: Path | None = None) -> list[str]:
     comps = recorded(root)
     for c in reversed(comps):
         if c["pgid"] is not None:
-            _stop_group(c["pgid"])
+            stop_group(c["pgid"], timeout_s=20.0)
     (root / "cluster.json").unlink(missing_ok=True)
     return [c["name"] for c in comps]
 

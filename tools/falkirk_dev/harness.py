@@ -10,6 +10,7 @@ and read every output back for comparison with a failure-free run.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from falkirk.local.run import CHECKS
 from falkirk.local.run import LocalRun as BaseRun
 from falkirk.model.topology import Pipeline
 
-__all__ = ["CHECKS", "LocalRun", "compare", "count_sent", "generate_args"]
+__all__ = ["CHECKS", "LocalRun", "compare", "count_sent", "each_message", "generate_args"]
 
 
 class LocalRun(BaseRun):
@@ -66,30 +67,13 @@ class LocalRun(BaseRun):
 
     def messages(self, topic: str) -> list[tuple[str, str, int | None]]:
         """Every message on a topic, in partition order: (key, value, generation header)."""
-        from kafka import KafkaConsumer, TopicPartition
-
         from falkirk.io.kafka import GENERATION_HEADER
 
-        consumer = KafkaConsumer(bootstrap_servers=self.cfg.kafka_bootstrap, group_id=None,
-                                 enable_auto_commit=False, consumer_timeout_ms=2000)
         out: list[tuple[str, str, int | None]] = []
-        try:
-            parts = consumer.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, p) for p in sorted(parts)]
-            if not tps:
-                return out
-            consumer.assign(tps)
-            consumer.seek_to_beginning(*tps)
-            ends = consumer.end_offsets(tps)
-            while any(consumer.position(tp) < ends[tp] for tp in tps):
-                for records in consumer.poll(timeout_ms=1000).values():
-                    for r in records:
-                        gen = dict(r.headers or []).get(GENERATION_HEADER)
-                        out.append((r.key.decode(), r.value.decode(),
-                                    None if gen is None else int(gen)))
-            return out
-        finally:
-            consumer.close()
+        for r in each_message(self.cfg.kafka_bootstrap, topic):
+            gen = dict(r.headers or []).get(GENERATION_HEADER)
+            out.append((r.key.decode(), r.value.decode(), None if gen is None else int(gen)))
+        return out
 
     def latest_by_key(self, topic: str) -> dict[str, str]:
         """A topic read as clients read it: the latest value per key."""
@@ -109,6 +93,28 @@ class LocalRun(BaseRun):
             if edge.kind == "kafka" and edge.src is not None:
                 out[f"topic:{edge.topic}"] = self.latest_by_key(edge.topic)
         return out
+
+
+def each_message(bootstrap: str, topic: str) -> Iterator[Any]:
+    """Every message on a topic now (kafka-python records), partition by partition in
+    offset order; nothing when the topic does not exist."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                             enable_auto_commit=False, consumer_timeout_ms=2000)
+    try:
+        tps = [TopicPartition(topic, p)
+               for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            for records in consumer.poll(timeout_ms=1000).values():
+                yield from records
+    finally:
+        consumer.close()
 
 
 def count_sent(messages: list[tuple[str, str, int | None]]) -> dict[str, Any]:

@@ -229,6 +229,11 @@ class JobRunner:
         # Seconds per phase over the run (epoch-log bookkeeping, input set-up, the job's
         # process, each region's commits, sends and checkpoints): the benchmarks' profile.
         self.profile: dict[str, float] = {}
+        # Spark jobs per phase over the run (counted in the epoch's job group): the same
+        # split, in the unit Spark's scheduler pays a fixed cost for.
+        self.spark_jobs: dict[str, int] = {}
+        self._group, self._jobs_seen = "", 0
+        self.epoch_jobs: list[int] = []  # Spark jobs of each epoch, in order
         self.logic = logic
         self.spark = spark
         self.cfg = cfg or load()
@@ -476,6 +481,9 @@ class JobRunner:
         """Add the seconds since ``since`` to ``phase`` in the profile; now."""
         now = time.monotonic()
         self.profile[phase] = self.profile.get(phase, 0.0) + now - since
+        seen = jobs_in_group(self.spark, self._group)
+        self.spark_jobs[phase] = self.spark_jobs.get(phase, 0) + seen - self._jobs_seen
+        self._jobs_seen = seen
         return now
 
     def process_epoch(self, e: int, where: dict) -> None:
@@ -484,7 +492,9 @@ class JobRunner:
 
         started = time.monotonic()
         active = {r for r in self.regions if self.done[r] < e}
-        name_spark_jobs(self.spark, self.pipeline.name, active, e, self.generation)
+        self._group = name_spark_jobs(self.spark, self.pipeline.name, active, e,
+                                      self.generation)
+        self._jobs_seen = jobs_in_group(self.spark, self._group)
         # A region that restarted from a checkpoint older than epochs it already committed
         # (and no rollback invalidated) redoes them for its state only: their outputs are
         # live, and committing them again (in a new generation) would duplicate them.
@@ -598,7 +608,9 @@ class JobRunner:
                          for p in Offsets(v["to"]).as_dict())
                   for k, v in ranges.items() if "to" in v}
         self.timings.append((e, seconds, time.time(), counts))
-        log.info("epoch %d done by %s in %.1f s", e, "+".join(sorted(active)), seconds)
+        self.epoch_jobs.append(jobs_in_group(self.spark, self._group))
+        log.info("epoch %d done by %s in %.1f s (%d Spark jobs)", e, "+".join(sorted(active)),
+                 seconds, self.epoch_jobs[-1])
 
     def _check_fence(self, e: int) -> None:
         """Refuse to record epoch ``e`` once a rollback fenced one of our regions: it is
@@ -678,6 +690,7 @@ class CompositeJob(JobLogic):
         # Seconds per part ("transform:<regions>"): its process and the materialization of
         # the tables it hands over (the rest of its work is in the runner's write phases).
         self.seconds: dict[str, float] = {}
+        self.spark_jobs: dict[str, int] = {}  # the same split, in Spark jobs
 
     def initial_state(self, region: str, spark: Any) -> Any:
         return self._owner(region).initial_state(region, spark)
@@ -712,6 +725,8 @@ class CompositeJob(JobLogic):
             sub = EpochContext(ctx.epoch, ctx.generation, ctx.spark, ctx.pipeline, inputs,
                                state, ctx.active)
             t0 = time.monotonic()
+            group = ctx.spark.sparkContext.getLocalProperty("spark.jobGroup.id") or ""
+            jobs0 = jobs_in_group(ctx.spark, group)
             out = part.process(sub)
             for name, df in out.outputs.items():
                 edge = self.pipeline.edges.get(name)
@@ -724,6 +739,8 @@ class CompositeJob(JobLogic):
             result.state.update(out.state)
             key = f"transform:{'+'.join(part.regions)}"
             self.seconds[key] = self.seconds.get(key, 0.0) + time.monotonic() - t0
+            self.spark_jobs[key] = (self.spark_jobs.get(key, 0)
+                                    + jobs_in_group(ctx.spark, group) - jobs0)
         return result
 
     def finish_epoch(self, ctx: EpochContext) -> None:
@@ -741,6 +758,12 @@ def name_spark_jobs(spark: Any, pipeline: str, regions: set[str] | list[str], ep
     spark.sparkContext.setJobGroup(
         group, f"falkirk {pipeline}: {hosted} epoch {epoch} (generation {generation})")
     return group
+
+
+def jobs_in_group(spark: Any, group: str) -> int:
+    """How many Spark jobs the job group has run so far (Spark's status store keeps the
+    last ``spark.ui.retainedJobs``, 1,000 by default: more than an epoch runs)."""
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) if group else 0
 
 
 def load_job(job: str | Path) -> ModuleType:

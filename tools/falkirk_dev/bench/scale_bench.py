@@ -24,9 +24,7 @@ about an hour on 2 cores; ``--events 2000 --rounds 1`` is a smoke run).
 
 from __future__ import annotations
 
-import html
 import json
-import math
 import statistics
 import tempfile
 import threading
@@ -44,8 +42,10 @@ class RssSampler:
     """The largest resident memory of the driver: this Python process and the JVM PySpark
     started for it (not the sandbox's broker), sampled every ``every_s`` seconds."""
 
-    def __init__(self, every_s: float = 0.5):
+    def __init__(self, every_s: float = 0.5, keep: bool = False):
         self.every_s, self.max_mb = every_s, 0.0
+        self.keep = keep  # also keep every sample (time.time(), MB) in ``samples``
+        self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -62,6 +62,8 @@ class RssSampler:
                 except psutil.Error:
                     continue
             self.max_mb = max(self.max_mb, total / 2**20)
+            if self.keep:
+                self.samples.append((time.time(), total / 2**20))
             self._stop.wait(self.every_s)
 
     def __enter__(self) -> RssSampler:
@@ -160,6 +162,9 @@ def measure_size(events: int, args: Namespace, spark, tmp: Path, console) -> dic
     figures.update(
         per_region_s=per_region(median_run),
         phases_s={k: round(v, 2) for k, v in sorted(median_run.profile.items())},
+        # Spark jobs per epoch, per phase and per job part's transform
+        spark_jobs_per_epoch={k: round(v / len(median_run.timings), 1) for k, v in sorted(
+            {**median_run.spark_jobs, **median_run.logic.spark_jobs}.items())},
         driver_rss_mb_max=round(rss, 1),
         epoch_s_first10=round(_mean(seconds[:10]), 3),
         epoch_s_last10=round(_mean(seconds[-10:]), 3),
@@ -172,40 +177,11 @@ def measure_size(events: int, args: Namespace, spark, tmp: Path, console) -> dic
 
 def scale_svg(sizes: list[dict], title: str) -> str:
     """Events/s against events (log scale), one line per variant."""
-    colours = {"four regimes": "#2563eb", "all-ephemeral": "#d97706", "plain spark": "#059669"}
-    w, h, m = 640, 300, 56
-    xs = [math.log10(s["events"]) for s in sizes]
-    x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
-    top = max(s[KEYS[v]] for s in sizes for v in VARIANTS) or 1.0
+    from falkirk_dev.plot import lines_svg
 
-    def xy(events: float, eps: float) -> tuple[float, float]:
-        return (m + (w - 2 * m) * (math.log10(events) - x0) / (x1 - x0),
-                h - m - (h - 2 * m) * eps / top)
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-             f'font-family="sans-serif" font-size="11">',
-             f'<text x="{m}" y="18" font-size="13">{html.escape(title)}</text>',
-             f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="#333"/>',
-             f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="#333"/>',
-             f'<text x="{w / 2}" y="{h - 14}" text-anchor="middle">events of input (log '
-             f'scale)</text>',
-             f'<text x="{m - 6}" y="{m}" text-anchor="end">{top:,.0f}</text>',
-             f'<text x="{m - 6}" y="{h - m}" text-anchor="end">0</text>',
-             f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" '
-             f'text-anchor="middle">events/s</text>']
-    for s in sizes:
-        x, _ = xy(s["events"], 0)
-        parts.append(f'<text x="{x:.1f}" y="{h - m + 14}" text-anchor="middle">'
-                     f'{s["events"]:,}</text>')
-    for i, variant in enumerate(VARIANTS):
-        c = colours[variant]
-        pts = [xy(s["events"], s[KEYS[variant]]) for s in sizes]
-        parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="'
-                     + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
-        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>' for x, y in pts]
-        parts.append(f'<text x="{m + 10}" y="{m + 14 * i}" fill="{c}">{variant}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+    return lines_svg(title, "events of input (log scale)", "events/s",
+                     {v: [(s["events"], s[KEYS[v]]) for s in sizes] for v in VARIANTS},
+                     log_x=True, x_ticks=[s["events"] for s in sizes])
 
 
 def main(args: Namespace) -> dict:

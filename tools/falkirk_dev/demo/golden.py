@@ -3,8 +3,10 @@ the same) and the direct mode (no Airflow)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 import time
 from argparse import Namespace
@@ -12,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from falkirk.config import REPO_ROOT
-from falkirk_dev.demo.base import DEMO_INPUT, KILL_EPOCH, KILLED_REGION
+from falkirk_dev.demo.base import DEMO_INPUT, KILL_EPOCH, KILLED_REGION, DemoError
 from falkirk_dev.demo.report import report_html, throughput_per_epoch
 
 
@@ -74,7 +76,26 @@ def golden_outputs(root: Path, console, fresh: bool) -> tuple[dict, str, float]:
 
 
 
-def main_direct(args: Namespace, console) -> int:
+@contextlib.contextmanager
+def _profile(env: str):
+    """Run the block (and the jobs it starts) under the config profile ``env``."""
+    before = os.environ.get("FALKIRK_ENV")
+    os.environ["FALKIRK_ENV"] = env
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FALKIRK_ENV"]
+        else:
+            os.environ["FALKIRK_ENV"] = before
+
+
+def main_direct(args: Namespace, console, cluster: bool = False) -> int:
+    """The failure and its recovery without Airflow; with ``cluster``, the run with the
+    failure goes to the local cluster of ``bin/cluster up`` (Spark standalone, 3 Kafka
+    brokers; FALKIRK_ENV=cluster), the failure-free run stays on the embedded defaults
+    (its outputs do not depend on the engines: that is what the comparison shows)."""
+    from falkirk.model.topology import load_pipeline
     from falkirk_dev.harness import LocalRun, compare
 
     root = Path(getattr(args, "root", None) or REPO_ROOT / "var" / "demo")
@@ -82,12 +103,32 @@ def main_direct(args: Namespace, console) -> int:
     shutil.rmtree(root / "with-failure", ignore_errors=True)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    golden, golden_note, seconds = golden_outputs(root, console,
-                                                  getattr(args, "fresh_golden", True))
+    broker, engines_note = None, "Engines: this machine's embedded defaults (local[2] " \
+        "Spark drivers, one Apache Kafka broker in KRaft mode, Delta on local files)."
+    if cluster:
+        from falkirk_dev import cluster as local_cluster
+
+        if os.environ.get("FALKIRK_ENV", "cluster") != "cluster":
+            raise DemoError(f"--cluster runs on FALKIRK_ENV=cluster, not "
+                            f"{os.environ['FALKIRK_ENV']!r}")
+        engines = local_cluster.engines()  # refuses when no healthy cluster is up
+        topics = sorted({e.topic for e in load_pipeline("reference").edges.values()
+                         if e.kind == "kafka"})
+        broker = local_cluster.ClusterKafka(topics)
+        engines_note = (f"Engines of the run with the failure: the local cluster of "
+                        f"bin/cluster up, {engines}; jobs submitted to its Spark master "
+                        f"(FALKIRK_ENV=cluster), topics with 3 replicas, Delta on local "
+                        f"files. The failure-free run: the embedded defaults.")
+    with _profile("local"):
+        golden, golden_note, seconds = golden_outputs(root, console,
+                                                      getattr(args, "fresh_golden", True))
     timings["failure-free run"] = seconds
+    console.log(engines_note)
 
     t1 = time.monotonic()
-    with LocalRun(root / "with-failure") as run:
+    with _profile("cluster" if cluster else os.environ.get("FALKIRK_ENV", "local")), \
+            LocalRun(root / "with-failure",
+                     broker=broker.start() if broker is not None else None) as run:
         with console.status("run with a failure: generating input, starting the jobs…"):
             run.generate(**DEMO_INPUT)
             run.start(until_epoch=DEMO_INPUT["epochs"] - 1)
@@ -113,8 +154,23 @@ def main_direct(args: Namespace, console) -> int:
     timings["total"] = time.monotonic() - t0
     report = root / "report.html"
     report.write_text(report_html(pipeline, plan.to_json(), comparison, series, timings,
-                                  golden_note, sent=sent))
+                                  f"{golden_note} {engines_note}", sent=sent))
+    _save_figures(root, cluster, timings, series, comparison)
     return _verdict(console, comparison, plan.to_json()["frontiers"], report, timings)
+
+
+def _save_figures(root: Path, cluster: bool, timings: dict, series: dict,
+                  comparison: dict) -> None:
+    """The run's figures as JSON beside the report (``figures.json``): timings, input
+    records per second per epoch, lost and duplicated, and where it ran."""
+    (root / "figures.json").write_text(json.dumps({
+        "engines": "cluster" if cluster else "local", "timings_s": timings,
+        "input": DEMO_INPUT,
+        # the demo's input over the run with the failure (start, kill, rollback, restart)
+        "events_per_s": DEMO_INPUT["events"] / timings["run with the failure"],
+        "series": series, "lost": sum(v["lost"] for v in comparison.values()),
+        "duplicated": sum(v["duplicated"] for v in comparison.values())},
+        indent=1, default=str))
 
 
 def _verdict(console, comparison: dict, frontiers: dict, report: Path, timings: dict) -> int:

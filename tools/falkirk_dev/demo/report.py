@@ -26,39 +26,15 @@ def throughput_per_epoch(run) -> dict[str, list[tuple[int, float]]]:
 
 
 def throughput_svg(series: dict[str, list[tuple[int, float]]], title: str) -> str:
-    """A small line chart in plain SVG: records/s per epoch, one line per region."""
-    colours = ["#2563eb", "#d97706", "#059669", "#7c3aed", "#dc2626"]
-    points = [p for s in series.values() for p in s]
-    if not points:
+    """A small line chart: records/s per epoch, one line per region."""
+    from falkirk_dev.plot import lines_svg
+
+    if not any(series.values()):
         return "<p>no epoch read input records</p>"
-    w, h, m = 560, 240, 48
-    max_e = max(e for e, _ in points) or 1
-    max_v = max(v for _, v in points) or 1.0
-
-    def xy(e: int, v: float) -> tuple[float, float]:
-        return m + (w - 2 * m) * e / max_e, h - m - (h - 2 * m) * v / max_v
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-             f'font-family="sans-serif" font-size="11">',
-             f'<text x="{m}" y="16" font-size="13">{html.escape(title)}</text>',
-             f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="#333"/>',
-             f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="#333"/>',
-             f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">epoch</text>',
-             f'<text x="{m - 4}" y="{m}" text-anchor="end">{max_v:,.0f}</text>',
-             f'<text x="{m - 4}" y="{h - m}" text-anchor="end">0</text>']
-    for e in range(max_e + 1):
-        x, _ = xy(e, 0)
-        parts.append(f'<text x="{x}" y="{h - m + 14}" text-anchor="middle">{e}</text>')
-    for i, (region, pts) in enumerate(sorted(series.items())):
-        c = colours[i % len(colours)]
-        line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(e, v) for e, v in sorted(pts)))
-        parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{line}"/>')
-        for x, y in (xy(e, v) for e, v in pts):
-            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{c}"/>')
-        parts.append(f'<text x="{w - m + 4}" y="{m + 14 * i}" fill="{c}">'
-                     f'{html.escape(region)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+    epochs = sorted({e for pts in series.values() for e, _ in pts})
+    return lines_svg(title, "epoch", "records/s",
+                     {r: sorted(pts) for r, pts in sorted(series.items())},
+                     x_ticks=list(range(epochs[0], epochs[-1] + 1)), width=560, height=240)
 
 
 def progress_over_time(run) -> tuple[dict[str, list[tuple[float, int]]], Any]:

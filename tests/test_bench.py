@@ -1,0 +1,59 @@
+"""The long and the latency benchmarks: their figures from known timings, and a short run
+of each on the real parts (CI runs these short variants; the full runs are in the README)."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+
+import pytest
+
+from falkirk_dev.bench.latency import percentiles
+from falkirk_dev.bench.long_run import summary
+
+
+def test_latency_percentiles_count_the_unanswered_as_longer_than_any_answer():
+    answered = [float(s) for s in range(1, 91)]  # 90 answers, 1..90 s
+    assert percentiles(answered, 0)["p50"] == 45.0
+    got = percentiles(answered, 10)  # 100 queries, the 10 slowest never answered
+    assert got["p50"] == 50.0
+    assert got["p95"] is None and got["p99"] is None  # among the unanswered: unknown
+    assert percentiles([], 0) == {"p50": None, "p95": None, "p99": None}
+
+
+def test_long_run_compares_the_last_ten_epochs_with_the_first_ten_after_warm_up():
+    # epoch 0 (warm-up) 50 s, then 10 epochs of 2 s, 10 of 3 s; one memory sample per epoch
+    seconds = [50.0] + [2.0] * 10 + [3.0] * 10
+    timings = [(e, s, 100.0 + e, {}) for e, s in enumerate(seconds)]
+    rss = [(100.0 + e - 0.5, 1000.0 + 10 * e) for e in range(len(seconds))]
+    out = summary(timings, rss, [7] * len(seconds))
+    assert out["epoch_s_first10"] == 2.0 and out["epoch_s_last10"] == 3.0
+    assert out["last10_over_first10"] == 1.5
+    assert out["driver_rss_mb_at_epoch_end"][0] == 1000.0
+    assert out["driver_rss_mb_at_epoch_end"][-1] == 1200.0
+    assert out["driver_rss_mb_second_half_growth"] == 1200.0 - 1100.0
+
+
+@pytest.mark.slow
+def test_a_short_long_run_reports_every_epoch_with_its_spark_jobs_and_memory(tmp_path):
+    from falkirk_dev.bench import long_run
+
+    out = long_run.main(Namespace(epochs=4, events=800, json=str(tmp_path / "long.json")))
+    assert out["epochs"] == 4 and len(out["epoch_s"]) == 4
+    assert all(n > 0 for n in out["spark_jobs_per_epoch"])  # named and counted per epoch
+    assert all(mb > 0 for mb in out["driver_rss_mb_at_epoch_end"])
+    assert json.loads((tmp_path / "long.json").read_text())["epochs"] == 4
+    assert (tmp_path / "long.svg").read_text().startswith("<svg")
+
+
+@pytest.mark.slow
+def test_a_short_latency_run_answers_every_query_produced_in_real_time(tmp_path):
+    from falkirk_dev.bench import latency
+
+    out = latency.main(Namespace(rate=60, minutes=20 / 60, drain_minutes=6,
+                                 json=str(tmp_path / "latency.json")))
+    assert out["epochs"] == 2 and out["unanswered"] == 0
+    assert out["answered"] == out["queries"] > 0
+    # an answer comes after its query, and within the run
+    assert 0 < out["latency_p50_s"] <= out["latency_p99_s"] < 6 * 60
+    assert out["job_exit_codes"] and set(out["job_exit_codes"].values()) == {0}
