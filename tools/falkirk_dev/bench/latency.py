@@ -54,7 +54,7 @@ def answer_times(bootstrap: str, topic: str) -> dict[str, float]:
     return out
 
 
-def _wait_started(run, jobs: list[str], timeout_s: float, console) -> None:
+def _wait_started(run, jobs: list[str], timeout_s: float) -> None:
     """Until every job recorded its start in the epoch log (its JVM and session are up)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -98,7 +98,7 @@ def main(args: Namespace) -> dict:
                                                 "queries": generate.QUERY_PARTITIONS})
         with console.status("starting the jobs…"):
             run.start(until_epoch=epochs - 1)
-            _wait_started(run, list(run.jobs), 600, console)
+            _wait_started(run, list(run.jobs), 600)
         total = len(g.events) + len(g.queries)
         paced = total / (epochs * epoch_s)  # records/s: event time = wall time
         fed: dict[str, float] = {}
@@ -149,7 +149,7 @@ def main(args: Namespace) -> dict:
            for k, v in pct.items()},
         "job_exit_codes": codes, "seconds": round(time.time() - started_at, 1),
     }
-    console.print(json.dumps({k: v for k, v in out.items()}, indent=1))
+    console.print(json.dumps(out, indent=1))
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
