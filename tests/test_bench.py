@@ -34,6 +34,33 @@ def test_long_run_compares_the_last_ten_epochs_with_the_first_ten_after_warm_up(
     assert out["driver_rss_mb_second_half_growth"] == 1200.0 - 1100.0
 
 
+def test_a_closed_runner_lets_go_of_every_frame_it_held_across_epochs():
+    """A benchmark runs variants one after another in one Spark session: a closed runner
+    must hold no state frames and its composite job no handed-over tables, else the next
+    variant shares the driver's heap with their checkpointed blocks (issue 16)."""
+    from falkirk.runtime.runner import CompositeJob, JobLogic, JobRunner
+
+    class Part(JobLogic):
+        regions = ("a",)
+        released = False
+
+        def process(self, ctx):
+            raise AssertionError("not run")
+
+        def release(self) -> None:
+            self.released = True
+
+    part = Part()
+    logic = CompositeJob.__new__(CompositeJob)
+    logic.parts, logic.memory = [part], {"t": object()}
+    runner = JobRunner.__new__(JobRunner)
+    runner.cuts, runner.logic = {}, logic
+    runner.state, runner.state_frames = {"a": object()}, {"a": object()}
+    runner.close()
+    assert runner.state == {} and runner.state_frames == {} and logic.memory == {}
+    assert part.released
+
+
 @pytest.mark.slow
 def test_a_short_long_run_reports_every_epoch_with_its_spark_jobs_and_memory(tmp_path):
     from falkirk_dev.bench import long_run

@@ -180,6 +180,9 @@ class JobLogic(ABC):
     def finish_epoch(self, ctx: EpochContext) -> None:  # noqa: B027 - an optional hook
         """Called once the epoch's outputs are committed (free cached data here)."""
 
+    def release(self) -> None:  # noqa: B027 - an optional hook
+        """Let go of frames held across epochs (the runner is closing)."""
+
     def initial_state(self, region: str, spark: Any) -> Any:
         return None
 
@@ -664,8 +667,13 @@ class JobRunner:
         return f"checkpoint:{e}"
 
     def close(self) -> None:
+        """Close the Kafka cuts and let go of the state frames (their checkpointed blocks):
+        a session that runs another pipeline next must not hold this one's."""
         for cut in self.cuts.values():
             cut.close()
+        self.state.clear()
+        self.state_frames.clear()
+        self.logic.release()
 
 
 def _materialize(df: Any) -> int:
@@ -746,6 +754,11 @@ class CompositeJob(JobLogic):
     def finish_epoch(self, ctx: EpochContext) -> None:
         for part in self.parts:
             part.finish_epoch(ctx)
+
+    def release(self) -> None:
+        self.memory.clear()
+        for part in self.parts:
+            part.release()
 
 
 def name_spark_jobs(spark: Any, pipeline: str, regions: set[str] | list[str], epoch: int,

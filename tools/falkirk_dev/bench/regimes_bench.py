@@ -16,6 +16,7 @@ Run: ``falkirk bench regimes`` (a few minutes on 2 cores).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import statistics
 import tempfile
@@ -46,6 +47,11 @@ def run_once(run, spark, lake: Path, persist: bool, until_epoch: int, bounded: b
         runner.run(until_epoch=until_epoch, poll_s=0.05)
     finally:
         runner.close()
+        # The closed runner let go of its frames: collect them in Python, then in the JVM,
+        # whose cleaner then drops their checkpointed blocks. The next variant run in this
+        # session would otherwise share the driver's heap with this one's (issue 16).
+        gc.collect()
+        spark.sparkContext._jvm.System.gc()
     return runner
 
 

@@ -15,8 +15,11 @@ figures are medians over rounds. (a) and (b): input events over the seconds of t
 epochs after the first; (c): input events over its whole run. On the smallest size the
 plain job's tables are compared with the pipeline's (they must be equal). Per size the
 JSON has ``events, four_regimes_eps, all_ephemeral_eps, plain_spark_eps,
-overhead_ratio (a/b), vs_plain_ratio (a/c), per_region_s, phases_s, driver_rss_mb_max,
-epoch_s_first10, epoch_s_last10``; the plot (SVG) draws events/s against events.
+overhead_ratio (a/b), vs_plain_ratio (a/c), per_region_s, driver_rss_mb_max,
+epoch_s_first10, epoch_s_last10`` and, for (a) and (b), a ``profile`` of their median run
+(per epoch: seconds and Spark jobs per phase and per job part, and every epoch's seconds).
+Each run's frames are released before the next (``run_once``), so no variant runs beside
+the blocks of another. The plot (SVG) draws events/s against events.
 
 Run: ``falkirk bench scale --events 10000,100000,1000000 --json OUT`` (the full sizes take
 about an hour on 2 cores; ``--events 2000 --rounds 1`` is a smoke run).
@@ -112,6 +115,19 @@ def per_region(runner) -> dict[str, float]:
     return out
 
 
+def _profile(runner) -> dict[str, Any]:
+    """Per epoch: the runner's phases and its parts' transforms, in seconds and Spark jobs;
+    and every epoch's seconds."""
+    n = len(runner.timings)
+    return {
+        "phases_s_per_epoch": {k: round(v / n, 2) for k, v in sorted(
+            {**runner.profile, **runner.logic.seconds}.items())},
+        "spark_jobs_per_epoch": {k: round(v / n, 1) for k, v in sorted(
+            {**runner.spark_jobs, **runner.logic.spark_jobs}.items())},
+        "epoch_s": [round(t[1], 2) for t in runner.timings],
+    }
+
+
 def measure_size(events: int, args: Namespace, spark, tmp: Path, console) -> dict[str, Any]:
     """Every figure of one input size."""
     from falkirk_dev.bench import plain_spark
@@ -126,7 +142,7 @@ def measure_size(events: int, args: Namespace, spark, tmp: Path, console) -> dic
             summary = run.generate(events=events, queries=max(events // 10, 1), epochs=epochs,
                                    seed=11)
         rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        runs: list[Any] = []  # the four-regime runners, for the profile
+        runs: dict[str, list[Any]] = {"four regimes": [], "all-ephemeral": []}  # profiles
         rss = 0.0
         checked: dict[str, bool] | None = None
         for rnd in range(args.rounds):
@@ -143,8 +159,7 @@ def measure_size(events: int, args: Namespace, spark, tmp: Path, console) -> dic
                     else:
                         runner = run_once(run, spark, lake, variant == "four regimes", last)
                         rates[variant].append(throughput(runner.timings))
-                        if variant == "four regimes":
-                            runs.append(runner)
+                        runs[variant].append(runner)
                 if variant == "four regimes":
                     rss = max(rss, sampler.max_mb)
             if rnd == 0 and args.check:
@@ -157,19 +172,19 @@ def measure_size(events: int, args: Namespace, spark, tmp: Path, console) -> dic
     four = figures["four_regimes_eps"]
     figures["overhead_ratio"] = four / figures["all_ephemeral_eps"]
     figures["vs_plain_ratio"] = four / figures["plain_spark_eps"]
-    median_run = sorted(runs, key=lambda r: throughput(r.timings))[len(runs) // 2]
-    seconds = [t[1] for t in median_run.timings]
+    median_run = {v: sorted(rs, key=lambda r: throughput(r.timings))[len(rs) // 2]
+                  for v, rs in runs.items()}
+    four_run = median_run["four regimes"]
+    seconds = [t[1] for t in four_run.timings]
     figures.update(
-        per_region_s=per_region(median_run),
-        phases_s={k: round(v, 2) for k, v in sorted(median_run.profile.items())},
-        # Spark jobs per epoch, per phase and per job part's transform
-        spark_jobs_per_epoch={k: round(v / len(median_run.timings), 1) for k, v in sorted(
-            {**median_run.spark_jobs, **median_run.logic.spark_jobs}.items())},
+        per_region_s=per_region(four_run),
         driver_rss_mb_max=round(rss, 1),
         epoch_s_first10=round(_mean(seconds[:10]), 3),
         epoch_s_last10=round(_mean(seconds[-10:]), 3),
-        epoch_s=[round(s, 2) for s in seconds],
-        rates=rates, component_rounds=facts.get("component_rounds"))
+        rates=rates, component_rounds=facts.get("component_rounds"),
+        # where each variant's epochs go (its median run): seconds and Spark jobs per
+        # epoch, per phase and per job part's transform
+        profile={v: _profile(r) for v, r in median_run.items()})
     if checked is not None:
         figures["plain_equals_pipeline"] = checked
     return figures
@@ -218,7 +233,10 @@ def main(args: Namespace) -> dict:
     console.print(table)
     for s in results:
         console.print(f"{s['events']:,} events, four regimes, seconds per region: "
-                      f"{s['per_region_s']}; per phase: {s['phases_s']}")
+                      f"{s['per_region_s']}")
+        for variant, prof in s["profile"].items():
+            console.print(f"  {variant}, per epoch: seconds {prof['phases_s_per_epoch']}; "
+                          f"Spark jobs {prof['spark_jobs_per_epoch']}")
         if "plain_equals_pipeline" in s:
             console.print(f"plain job's tables equal the pipeline's: {s['plain_equals_pipeline']}")
     out = {"started": started, "seconds": time.time() - started, "rounds": args.rounds,
