@@ -74,6 +74,7 @@ BENCHES = {
     "scale": ("scale_bench", True),
     "long": ("long_run", True),
     "latency": ("latency", True),
+    "hosting": ("hosting", True),
     "all": ("all_bench", True),
 }
 
@@ -134,19 +135,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frontiers", type=int, default=50, help="solver: frontiers per region")
     p.add_argument("--seed", type=int, default=7, help="solver: random graph seed")
     p.add_argument("--epochs", type=int, help="rework, regimes (default 9), scale (default "
-                   "20), long (default 50): epochs of input")
+                   "20), long (default 50), hosting (default 8): epochs of input")
     p.add_argument("--kill-epoch", type=int, default=7, help="rework: kill communities in it")
-    p.add_argument("--events", help="rework, regimes, long: events of input (defaults 3,000, "
-                   "20,000, 25,000); scale: sizes, comma-separated (default "
-                   "10000,100000,1000000)")
-    p.add_argument("--rounds", type=int, default=2, help="regimes, scale: rounds of each "
-                   "variant")
+    p.add_argument("--events", help="rework, regimes, long, hosting: events of input "
+                   "(defaults 3,000, 20,000, 25,000, 20,000); scale: sizes, comma-separated "
+                   "(default 10000,100000,1000000)")
+    p.add_argument("--rounds", type=int, default=2, help="regimes, scale, hosting: rounds of "
+                   "each variant")
     p.add_argument("--rate", type=float, help="latency: events/s produced in real time "
                    "(default 5,000)")
     p.add_argument("--minutes", type=float, help="latency: minutes of input (default 5)")
     p.add_argument("--drain-minutes", type=float, help="latency: how long to wait for the "
                    "last answers after the input ended (default 15)")
-    p.add_argument("--json", help="scale, long, latency: write the figures here (and the "
+    p.add_argument("--json", help="scale, long, latency, hosting: write the figures here (and the "
                    "plot beside it, .svg)")
     p.add_argument("--no-check", action="store_true", help="scale: skip comparing the plain "
                    "job's tables with the pipeline's")

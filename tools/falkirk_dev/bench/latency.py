@@ -28,6 +28,8 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
+from falkirk_dev.bench import write_figures
+
 USERS, ITEMS, CATEGORIES = 500, 200, 8
 
 
@@ -151,9 +153,7 @@ def main(args: Namespace) -> dict:
     }
     console.print(json.dumps(out, indent=1))
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=1))
+        path = write_figures(args.json, out)
         points.sort()
         step = max(1, len(points) // 400)  # at most ~400 points drawn
         path.with_suffix(".svg").write_text(lines_svg(

@@ -15,13 +15,14 @@ about 30 s per epoch on 2 cores.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
+
+from falkirk_dev.bench import write_figures
 
 
 def summary(timings: list[tuple], rss: list[tuple[float, float]],
@@ -87,9 +88,7 @@ def main(args: Namespace) -> dict:
                   f"{out['driver_rss_mb_at_epoch_end'][0]:,.0f} → "
                   f"{out['driver_rss_mb_at_epoch_end'][-1]:,.0f} MB")
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=1))
+        path = write_figures(args.json, out)
         n = range(out["epochs"])
         svg = stack_svg([
             lines_svg(f"falkirk long run: {epochs} epochs, four regimes", "epoch",

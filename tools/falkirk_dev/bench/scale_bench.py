@@ -36,6 +36,8 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
+from falkirk_dev.bench import write_figures
+
 VARIANTS = ("four regimes", "all-ephemeral", "plain spark")
 KEYS = {"four regimes": "four_regimes_eps", "all-ephemeral": "all_ephemeral_eps",
         "plain spark": "plain_spark_eps"}
@@ -45,9 +47,10 @@ class RssSampler:
     """The largest resident memory of the driver: this Python process and the JVM PySpark
     started for it (not the sandbox's broker), sampled every ``every_s`` seconds."""
 
-    def __init__(self, every_s: float = 0.5, keep: bool = False):
+    def __init__(self, every_s: float = 0.5, keep: bool = False, jvms_only: bool = False):
         self.every_s, self.max_mb = every_s, 0.0
         self.keep = keep  # also keep every sample (time.time(), MB) in ``samples``
+        self.jvms_only = jvms_only  # only the driver JVMs under this process (every job's)
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -57,7 +60,7 @@ class RssSampler:
 
         me = psutil.Process()
         while not self._stop.is_set():
-            total = me.memory_info().rss
+            total = 0 if self.jvms_only else me.memory_info().rss
             for p in me.children(recursive=True):
                 try:
                     if any("SparkSubmit" in a for a in p.cmdline()):
@@ -242,9 +245,7 @@ def main(args: Namespace) -> dict:
     out = {"started": started, "seconds": time.time() - started, "rounds": args.rounds,
            "sizes": results}
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=1, default=str))
+        path = write_figures(args.json, out)
         svg = path.with_suffix(".svg")
         svg.write_text(scale_svg(results, "falkirk: events/s by input size (reference "
                                           "pipeline, 2 cores)"))

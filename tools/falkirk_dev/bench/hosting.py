@@ -1,0 +1,110 @@
+"""Four Spark applications or one: what hosting a pipeline's regions costs on 2 cores.
+
+The reference pipeline on the same bounded input, two ways, each from nothing (its JVMs
+started inside the measured time):
+
+- **four jobs**, as deployed (``pipeline.yaml``): ingest, popularity, communities and
+  serve+stats, each its own ``spark-submit`` and driver JVM, handing tables over through
+  Delta, in a sandbox (``LocalRun``);
+- **one application**: the same regions hosted by one Spark session (``CompositeJob``, as
+  in ``falkirk bench scale``), tables handed over in memory, commits and checkpoints as
+  deployed.
+
+Per variant: wall seconds from start to the last epoch's commit, events/s over them, and
+the largest sum of its driver JVMs' resident memory. The order rotates across rounds;
+figures are medians. Issue 16 asks whether fewer jobs per pipeline is faster.
+
+Run: ``falkirk bench hosting --events 20000 --epochs 8 --rounds 2 --json OUT``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from argparse import Namespace
+from pathlib import Path
+
+from falkirk_dev.bench import write_figures
+
+VARIANTS = ("four jobs", "one application")
+
+
+def four_jobs(run, last: int, timeout_s: float) -> float:
+    """The deployed jobs to ``last``; their wall seconds. A job that fails fails the run."""
+    run.declare_bounds()
+    started = time.monotonic()
+    run.start(until_epoch=last)
+    codes = run.wait(timeout_s=timeout_s)
+    seconds = time.monotonic() - started
+    if set(codes.values()) != {0}:
+        raise RuntimeError(f"four jobs: exit codes {codes}; logs in {run.root / 'var'}")
+    return seconds
+
+
+def one_application(run, lake: Path, last: int) -> float:
+    """The regions in one fresh Spark session to ``last``; its wall seconds, its JVM's
+    start included."""
+    from falkirk.io.spark import session
+    from falkirk_dev.bench.regimes_bench import run_once
+
+    started = time.monotonic()
+    spark = session("falkirk-bench-hosting")
+    try:
+        run_once(run, spark, lake, True, last)
+    finally:
+        spark.stop()
+    return time.monotonic() - started
+
+
+def main(args: Namespace) -> dict:
+    from rich.console import Console
+
+    from falkirk_dev.bench.scale_bench import RssSampler
+    from falkirk_dev.harness import LocalRun
+
+    console = Console()
+    events, epochs = int(args.events or 20_000), int(args.epochs or 8)
+    rounds = int(args.rounds or 1)
+    seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    rss: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="falkirk-hosting-") as tmp:
+        for rnd in range(rounds):
+            order = VARIANTS[rnd % 2:] + VARIANTS[:rnd % 2]
+            # a sandbox per round: the four jobs' lake and epoch log start empty each time
+            with LocalRun(Path(tmp) / f"round-{rnd}") as run:
+                with console.status(f"round {rnd + 1}: producing {events:,} events…"):
+                    info = run.generate(events=events, queries=max(events // 10, 1),
+                                        epochs=epochs, seed=23)
+                for variant in order:
+                    with console.status(f"round {rnd + 1}: {variant}…"), \
+                            RssSampler(every_s=1.0, jvms_only=True) as sampler:
+                        if variant == "four jobs":
+                            s = four_jobs(run, epochs - 1, timeout_s=120 * epochs + 600)
+                        else:
+                            s = one_application(run, Path(tmp) / f"one-{rnd}", epochs - 1)
+                    seconds[variant].append(s)
+                    rss[variant].append(sampler.max_mb)
+                    console.print(f"round {rnd + 1}: {variant} {s:.1f} s, JVM RSS "
+                                  f"{sampler.max_mb:,.0f} MB")
+    med = {v: statistics.median(seconds[v]) for v in VARIANTS}
+    out = {
+        "events": info["events"], "epochs": epochs, "rounds": rounds,
+        "seconds": {v: [round(s, 1) for s in seconds[v]] for v in VARIANTS},
+        "four_jobs_s": round(med["four jobs"], 1),
+        "one_application_s": round(med["one application"], 1),
+        "four_jobs_eps": round(info["events"] / med["four jobs"], 1),
+        "one_application_eps": round(info["events"] / med["one application"], 1),
+        "one_over_four_speed": round(med["four jobs"] / med["one application"], 2),
+        "jvm_rss_mb_max": {v: round(max(rss[v]), 1) for v in VARIANTS},
+        "wall_s": round(time.time() - started, 1),
+    }
+    console.print(f"{out['events']:,} events over {epochs} epochs: four jobs "
+                  f"{out['four_jobs_s']} s ({out['four_jobs_eps']:,.0f} events/s), one "
+                  f"application {out['one_application_s']} s ({out['one_application_eps']:,.0f} "
+                  f"events/s): one application {out['one_over_four_speed']}× as fast")
+    if args.json:
+        path = write_figures(args.json, out)
+        console.print(f"JSON: {path}")
+    return out
