@@ -23,7 +23,7 @@ CLUSTER = str(REPO_ROOT / "bin" / "cluster")
 
 # Runs with FALKIRK_ENV=cluster in its own interpreter (a fresh driver JVM on the master).
 CLIENT = textwrap.dedent("""
-    import json, sys
+    import json, sys, time
     from kafka import KafkaAdminClient, KafkaProducer
     from falkirk.config import load
     from falkirk.io.kafka import end_offsets, ensure_topics, read_range
@@ -34,7 +34,11 @@ CLIENT = textwrap.dedent("""
     cfg = load()
     ensure_topics(cfg.kafka_bootstrap, {"orders": 3})
     admin = KafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap)
+    deadline = time.monotonic() + 60  # the answering broker may not know the new topic yet
     parts = admin.describe_topics(["orders"])[0]["partitions"]
+    while len(parts) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        parts = admin.describe_topics(["orders"])[0]["partitions"]
     admin.close()
     producer = KafkaProducer(bootstrap_servers=cfg.kafka_bootstrap, acks="all",
                              enable_idempotence=True)
