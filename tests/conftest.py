@@ -98,3 +98,19 @@ def rollback_dag(airflow_env):
 
     return DagBag(dag_folder=str(REPO_ROOT / "dags" / "falkirk_pipelines.py")).dags[
         "falkirk_reference_rollback"]
+
+
+@pytest.fixture(scope="session")
+def golden(tmp_path_factory):
+    """The reference pipeline's failure-free run on the embedded defaults (reference_runs):
+    what every run with faults must end equal to, computed once per session."""
+    from reference_runs import run_pipeline
+
+    outputs, _, sent = run_pipeline(tmp_path_factory.mktemp("golden"))
+    # Without a failure every answer is sent once, in generation 0.
+    assert sent["responses"]["resent"] == 0 and sent["responses"]["messages"] > 0
+    # The run did real work: every output has rows (dead letters too: 1% malformed).
+    for name in ("purchases", "interactions", "item_popularity", "user_community",
+                 "query_stats", "dead_letters", "topic:responses"):
+        assert outputs[name], name
+    return outputs

@@ -25,7 +25,7 @@ COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "docker" / "falkirk.Dockerfile"
 SPARK_DEFAULTS = REPO_ROOT / "docker" / "spark" / "spark-defaults.conf"
 CFG = PROFILES["compose"]
-STORAGE = CFG.delta_storage_options  # without the credentials: those come from .env
+STORAGE = dict(CFG.storage_options)  # without the credentials: those come from .env
 SECRETS = {"FALKIRK_S3_ACCESS_KEY": "AWS_ACCESS_KEY_ID", "FALKIRK_S3_SECRET_KEY":
            "AWS_SECRET_ACCESS_KEY", "FALKIRK_POSTGRES_PASSWORD": None,
            "FALKIRK_AIRFLOW_SECRET": None, "FALKIRK_AIRFLOW_PASSWORD": None}

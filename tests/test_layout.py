@@ -69,4 +69,5 @@ def test_the_wheel_is_the_framework_without_demo_trials_benchmarks_or_generator(
     assert {"falkirk/schemas/tables/epochs.json", "falkirk/schemas/tables/dead_letters.json",
             "falkirk/local/template/pipeline.yaml", "falkirk/solver/problems/1_unlogged_chain.json",
             "falkirk/local/template/input/clicks.jsonl", "falkirk/jvm/spark/pom.xml",
-            "falkirk/jvm/kafka/pom.xml"} <= set(files)
+            "falkirk/jvm/kafka/pom.xml", "falkirk/jvm/s3/pom.xml",
+            "falkirk/jvm/objectstore/pom.xml"} <= set(files)

@@ -10,90 +10,14 @@ doubled). One more run kills the rollback itself half-way and runs it again.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from reference_runs import EPOCHS, INPUT, assert_ranges_tile_the_input, assert_same, run_pipeline
 
 from falkirk.local.broker import LocalBroker
-from falkirk.model.times import EpochRange, EpochRanges, Offsets
-from falkirk_dev.harness import LocalRun, compare
+from falkirk_dev.harness import LocalRun
 
 pytestmark = pytest.mark.slow
-
-EPOCHS = 5
-INPUT = {"events": 1500, "queries": 150, "epochs": EPOCHS, "seed": 3}
-
-
-def run_pipeline(root, kill=None, crash_rollback=False, crash_broker=None):
-    """Run the pipeline; with ``kill=(region, epoch)`` kill that region's job mid-epoch
-    and recover; with ``crash_broker=(region, epoch)`` SIGKILL the broker while that region
-    is in that epoch and start it again. Each run has its own broker, lake and process
-    folders. Returns (outputs, rollback plan or None, messages counted per output topic)."""
-    with LocalBroker(root / "broker") as b, LocalRun(root, broker=b) as run:
-        run.generate(**INPUT)
-        run.start(until_epoch=EPOCHS - 1)
-        plan = None
-        if crash_broker is not None:
-            region, epoch = crash_broker
-            run.wait_for(lambda: run.epoch_running(region, epoch), timeout_s=900,
-                         what=f"{region} in the middle of epoch {epoch}")
-            b.restart(crash=True)
-        if kill is not None:
-            region, epoch = kill
-            run.wait_for(lambda: run.epoch_running(region, epoch), timeout_s=900,
-                         what=f"{region} in the middle of epoch {epoch}")
-            restorable_before = {
-                r: [row.time for row in log.restorable(run.pipeline.regions[r].regime)]
-                for r, log in run.log.regions(run.pipeline).items()}
-            run.kill(run.pipeline.regions[region].job)
-            if crash_rollback:
-                crashed = subprocess.run(
-                    [sys.executable, "-m", "falkirk.cli", "rollback", "--failed", region,
-                     "--reason", "test: crash me", "--pipeline", "reference"],
-                    env={**os.environ, **run.env, "FALKIRK_CRASH_AT":
-                         "rollback:after-first-table"},
-                    capture_output=True, text=True, timeout=300)
-                assert crashed.returncode == -9, crashed.stderr
-                assert [r["status"] for r in run.log.rollbacks("reference")] == ["started"]
-            plan = run.rollback(failed=[region], reason=f"test: {region} killed")
-            plan.restorable_before = restorable_before
-            run.start()
-        codes = run.wait(timeout_s=1200)
-        assert set(codes.values()) == {0}, {j: str(run.log_file(j)) for j in codes}
-        assert_ranges_tile_the_input(run)
-        return run.outputs(), plan, run.sent()
-
-
-def assert_ranges_tile_the_input(run):
-    """The epoch log's offset ranges of the events topic: no gap, no overlap, from the
-    first record to the declared bound (the topic's end)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    rows = run.log.regions(run.pipeline)["ingest"].restorable("ephemeral")
-    assert [r.epoch for r in rows] == list(range(EPOCHS))
-    ranges = EpochRanges([EpochRange(r.epoch, Offsets(r.inputs["events"]["from"]),
-                                     Offsets(r.inputs["events"]["to"])) for r in rows])
-    consumer = KafkaConsumer(bootstrap_servers=run.cfg.kafka_bootstrap)
-    tps = [TopicPartition("events", p) for p in consumer.partitions_for_topic("events")]
-    ends = {str(tp.partition): o for tp, o in consumer.end_offsets(tps).items()}
-    consumer.close()
-    assert ranges.ranges[0].start == Offsets({})
-    assert ranges.ranges[-1].end == Offsets(ends)
-    assert run.log.bounds("reference")["events"] == ends
-
-
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory):
-    outputs, _, sent = run_pipeline(tmp_path_factory.mktemp("golden"))
-    # Without a failure every answer is sent once, in generation 0.
-    assert sent["responses"]["resent"] == 0 and sent["responses"]["messages"] > 0
-    # The run did real work: every output has rows (dead letters too: 1% malformed).
-    for name in ("purchases", "interactions", "item_popularity", "user_community",
-                 "query_stats", "dead_letters", "topic:responses"):
-        assert outputs[name], name
-    return outputs
 
 
 def assert_resent_with_a_newer_generation(sent, plan):
@@ -108,10 +32,6 @@ def assert_resent_with_a_newer_generation(sent, plan):
         assert responses["resent"] == 0, responses  # serve did not go back: nothing re-sent
 
 
-def assert_same(golden, outputs):
-    report = compare(golden, outputs)
-    bad = {k: v for k, v in report.items() if v["lost"] or v["duplicated"]}
-    assert not bad, json.dumps(bad, indent=1)
 
 
 @pytest.mark.parametrize("region, epoch", [

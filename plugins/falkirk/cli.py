@@ -227,8 +227,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_jars(args: argparse.Namespace) -> int:
-    """Fetch the JVM jars (Spark's Kafka connector, delta-spark, the Kafka broker) from
-    Maven Central into the jar folder, or only check them (--check)."""
+    """Fetch the JVM jars (Spark's Kafka connector, delta-spark, the Kafka broker,
+    hadoop-aws with the AWS SDK, the cluster's object store) from Maven Central into the
+    jar folder, or only check them (--check)."""
     from falkirk.io import jars
 
     try:
@@ -396,9 +397,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         for region, n in committed().items():
             print(f"region {region:16} {pipeline.regions[region].regime:9} epochs committed: "
                   f"{n}")
+        opts = run.cfg.delta_storage_options or None
         for table in sorted({e.table for e in pipeline.edges.values()
                              if e.kind == "delta" and e.src is not None}):
-            print(f"table  {table:20} {read_table(run.cfg.table(table)).num_rows} rows")
+            rows = read_table(run.cfg.table(table), storage_options=opts).num_rows
+            print(f"table  {table:20} {rows} rows")
     failed = {job: code for job, code in codes.items() if code != 0}
     if failed:
         raise CliError("job(s) failed: " + "; ".join(

@@ -3,6 +3,8 @@
 ``FALKIRK_ENV=local`` (the default) keeps every Delta table under this machine's falkirk
 folder (``var/`` of a checkout, ``$FALKIRK_HOME`` or ~/.falkirk otherwise), talks to a
 local Kafka broker and runs Spark as local[2].
+``FALKIRK_ENV=cluster`` is the local cluster of ``bin/cluster up`` (Spark standalone, 3
+Kafka brokers, the lake on an S3-compatible object store), or a remote one by overrides.
 ``FALKIRK_ENV=compose`` matches docker-compose.yml: Apache Kafka, a Spark master and
 the tables on the S3-compatible store. Single values can be overridden with
 ``FALKIRK_<FIELD>`` (for tests that need their own folder or broker port).
@@ -48,6 +50,17 @@ class Config:
     # before a checkout's examples/: <folder>/<name>.yaml or
     # <folder>/<name>/pipeline.yaml (a pipeline folder with its jobs and schemas).
     pipelines: str = ""
+    # hadoop-aws and the AWS SDK (bin/setup's ``s3`` jar set) on the class path of drivers
+    # and executors, for a lake on an object store (a remote cluster's nodes need the
+    # jars at the same path, as with any hadoop-aws install).
+    object_store_jars: bool = False
+    # Where the object store's credentials are read when the environment has none: a
+    # file under var_dir written by `bin/cluster up` (never in the repository).
+    object_store_credentials: str = ""
+    # Where Spark writes the rows whose lineage falkirk.io.spark.cut_lineage cuts, when
+    # executors can be lost (a cluster): a folder every executor reaches. Empty: in the
+    # executors' memory (local[2], where they die only with the driver).
+    spark_checkpoint_dir: str = ""
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""
@@ -74,12 +87,46 @@ class Config:
             conf["spark.driver.extraJavaOptions"] = self.spark_driver_java_options
         if "://127.0.0.1:" in self.spark_master:  # a cluster on loopback: stay on it
             conf["spark.driver.host"] = "127.0.0.1"
+        if self.lake.startswith("s3://"):
+            conf.update({f"spark.hadoop.{k}": v for k, v in self.s3a_settings().items()})
+        if self.object_store_jars:
+            from falkirk.io.jars import s3_classpath
+
+            conf["spark.driver.extraClassPath"] = conf["spark.executor.extraClassPath"] = (
+                s3_classpath())
         conf.update(self.spark_conf)
         return conf
 
+    def s3a_settings(self, secrets: bool = False) -> dict[str, str]:
+        """Hadoop's s3a settings for the lake, from the same storage options delta-rs
+        gets, so Spark and delta-rs cannot point at different stores. The credentials
+        only with ``secrets``: launch settings show on command lines and in Airflow's
+        task fields, so ``falkirk.io.spark.session`` sets them in the running driver."""
+        opts = dict(self.storage_options)
+        out = {"fs.s3a.endpoint.region": opts.get("AWS_REGION", "us-east-1")}
+        if "AWS_ENDPOINT_URL" in opts:  # an S3-compatible store: buckets are not host names
+            out["fs.s3a.endpoint"] = opts["AWS_ENDPOINT_URL"]
+            out["fs.s3a.path.style.access"] = "true"
+            out["fs.s3a.connection.ssl.enabled"] = str(
+                opts["AWS_ENDPOINT_URL"].startswith("https:")).lower()
+        if secrets:
+            creds = self.delta_storage_options
+            out["fs.s3a.access.key"] = creds["AWS_ACCESS_KEY_ID"]
+            out["fs.s3a.secret.key"] = creds["AWS_SECRET_ACCESS_KEY"]
+        return out
+
     @property
     def delta_storage_options(self) -> dict[str, str]:
-        return dict(self.storage_options)
+        opts = dict(self.storage_options)
+        missing = [k for k in SECRET_OPTIONS if self.lake.startswith("s3://") and k not in opts]
+        if missing:
+            where = (f", or in {self.object_store_credentials} (bin/cluster up writes it)"
+                     if self.object_store_credentials else "")
+            raise ConfigError(f"FALKIRK_ENV={self.env}: the lake {self.lake} needs "
+                              f"{' and '.join(missing)} in the environment{where}: the object "
+                              "store's credentials are never kept in the repository "
+                              "(docs/cluster.md, docs/compose.md)")
+        return opts
 
 
 # Drivers sharing this machine's 2 cores: C1 only, the serial collector, the tiered code
@@ -97,19 +144,35 @@ PROFILES: dict[str, Config] = {
         broker_data_dir=str(STATE_DIR / "broker"),
     ),
     # The local cluster of `bin/cluster up` (tools/falkirk_dev/cluster.py): a Spark
-    # standalone master with 2 workers and 3 Kafka brokers, each a separate process. A
-    # remote cluster is the same profile with FALKIRK_SPARK_MASTER, FALKIRK_KAFKA_BOOTSTRAP
-    # and FALKIRK_LAKE set (docs/cluster.md).
+    # standalone master with 2 workers, 3 Kafka brokers and S3Proxy, each a separate
+    # process. A remote cluster is the same profile with FALKIRK_SPARK_MASTER,
+    # FALKIRK_KAFKA_BOOTSTRAP, FALKIRK_LAKE, FALKIRK_S3_ENDPOINT and the AWS_* credentials
+    # in the environment (docs/cluster.md).
     "cluster": Config(
         env="cluster",
-        lake=str(STATE_DIR / "cluster" / "lake"),
+        lake="s3://falkirk/lake",
+        storage_options=(
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:29300"),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ALLOW_HTTP", "true"),
+            # Commits by put-if-absent (If-None-Match), which S3Proxy honours: two writers
+            # of one Delta version cannot both win, without AWS_S3_ALLOW_UNSAFE_RENAME.
+            ("AWS_CONDITIONAL_PUT", "etag"),
+        ),
+        object_store_jars=True,
+        object_store_credentials="cluster/objectstore/credentials.json",
+        # The workers share this machine's disk; a remote cluster names shared storage
+        # (FALKIRK_SPARK_CHECKPOINT_DIR=hdfs://… or s3a://…).
+        spark_checkpoint_dir=str(STATE_DIR / "cluster" / "spark-checkpoints"),
         kafka_bootstrap="127.0.0.1:29092,127.0.0.1:29093,127.0.0.1:29094",
         spark_master="spark://127.0.0.1:27077",
         spark_driver_java_options=LOCAL_DRIVER_JAVA_OPTIONS,
         topic_replication=3,
         # Every job is an application of its own and streaming jobs never end: each takes
         # one executor core, so the workers' cores go round (tools/falkirk_dev/cluster.py).
-        spark_conf=(("spark.cores.max", "1"), ("spark.executor.memory", "768m")),
+        spark_conf=(("spark.cores.max", "1"), ("spark.executor.memory", "768m"),
+                    # checkpointed rows are deleted once their frame is gone
+                    ("spark.cleaner.referenceTracking.cleanCheckpoints", "true")),
     ),
     "compose": Config(
         env="compose",
@@ -121,7 +184,7 @@ PROFILES: dict[str, Config] = {
             ("AWS_ENDPOINT_URL", "http://minio:9000"),
             ("AWS_REGION", "us-east-1"),
             ("AWS_ALLOW_HTTP", "true"),
-            ("AWS_S3_ALLOW_UNSAFE_RENAME", "true"),
+            ("AWS_CONDITIONAL_PUT", "etag"),  # MinIO honours If-None-Match too
         ),
     ),
 }
@@ -136,6 +199,26 @@ class ConfigError(FalkirkError, ValueError):
     """FALKIRK_ENV or an override names something that does not exist."""
 
 
+def _credentials(cfg: Config, var_dir: str) -> dict[str, str]:
+    """The object store's credentials: from the environment, else from the profile's
+    credentials file under ``var_dir`` (written by `bin/cluster up`); none when neither has
+    them (``Config.delta_storage_options`` then says where to put them)."""
+    found = {k: os.environ[k] for k in SECRET_OPTIONS if os.environ.get(k)}
+    if len(found) < len(SECRET_OPTIONS) and cfg.object_store_credentials:
+        import json
+
+        path = Path(var_dir) / cfg.object_store_credentials
+        try:
+            saved = json.loads(path.read_text())
+        except FileNotFoundError:
+            return found
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: the object store's credentials file is unreadable "
+                              f"({exc}); `bin/cluster down` and `up` write it again") from exc
+        found = {k: str(saved[k]) for k in SECRET_OPTIONS if k in saved}
+    return found
+
+
 def load(env: str | None = None) -> Config:
     """The configuration for ``env`` (default: $FALKIRK_ENV, else local)."""
     name = env or os.environ.get("FALKIRK_ENV", "local")
@@ -147,7 +230,7 @@ def load(env: str | None = None) -> Config:
     overrides = {}
     for f in fields(Config):
         value = os.environ.get(f"FALKIRK_{f.name.upper()}")
-        if value is None or f.name in ("env", "storage_options"):
+        if value is None or f.name in ("env", "storage_options", "object_store_credentials"):
             continue
         if f.type in ("int", int):
             overrides[f.name] = int(value)
@@ -155,12 +238,14 @@ def load(env: str | None = None) -> Config:
             overrides[f.name] = value.lower() in ("1", "true", "yes")
         else:
             overrides[f.name] = value
-    if cfg.storage_options:  # an object store: its credentials come from the environment
-        missing = [k for k in SECRET_OPTIONS if not os.environ.get(k)]
-        if missing:
-            raise ConfigError(f"FALKIRK_ENV={name} needs {' and '.join(missing)} in the "
-                              "environment: the object store's credentials are never kept "
-                              "in the repository (docs/compose.md)")
-        overrides["storage_options"] = cfg.storage_options + tuple(
-            (k, os.environ[k]) for k in SECRET_OPTIONS)
+    if cfg.storage_options:  # an object store: its credentials are never in the repository
+        endpoint = os.environ.get("FALKIRK_S3_ENDPOINT")
+        opts = dict(cfg.storage_options)
+        if endpoint:
+            opts["AWS_ENDPOINT_URL"] = endpoint
+        opts.update(_credentials(cfg, overrides.get("var_dir", cfg.var_dir)))
+        overrides["storage_options"] = tuple(opts.items())
+        if cfg.object_store_credentials:
+            overrides["object_store_credentials"] = str(
+                Path(overrides.get("var_dir", cfg.var_dir)) / cfg.object_store_credentials)
     return replace(cfg, **overrides)

@@ -7,9 +7,9 @@ unit tests. Jobs import from here only, so the framework's modules can move with
 breaking a user's pipeline.
 """
 
-from falkirk.io.spark import conform, dead_letters, session
+from falkirk.io.spark import conform, cut_lineage, dead_letters, session
 from falkirk.model.schemas import arrow_schema, ddl
 from falkirk.runtime.runner import EpochContext, EpochResult, JobLogic, load_job, main
 
-__all__ = ["EpochContext", "EpochResult", "JobLogic", "main", "conform", "dead_letters",
-           "arrow_schema", "ddl", "session", "load_job"]
+__all__ = ["EpochContext", "EpochResult", "JobLogic", "main", "conform", "cut_lineage",
+           "dead_letters", "arrow_schema", "ddl", "session", "load_job"]

@@ -123,7 +123,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_chaos)
 
     p = sub.add_parser("cluster", help="a local cluster as separate processes: Spark "
-                       "standalone (master + 2 workers) and 3 Kafka brokers (FALKIRK_ENV=cluster)")
+                       "standalone (master + 2 workers), 3 Kafka brokers, an S3 object store "
+                       "(FALKIRK_ENV=cluster)")
     p.add_argument("action", choices=("up", "down", "status"))
     p.add_argument("--json", action="store_true", help="status as JSON on stdout")
     p.set_defaults(func=cmd_cluster)

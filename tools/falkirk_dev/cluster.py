@@ -2,8 +2,11 @@
 
 ``up`` starts, on loopback, a Spark standalone master and 2 workers (from the installed
 Spark: ``spark-class org.apache.spark.deploy.master.Master`` / ``…worker.Worker``; pip's
-pyspark has no start scripts) and 3 Apache Kafka nodes in KRaft mode (each broker and
-controller, a quorum of 3 voters; topics get 3 replicas and ``min.insync.replicas=2``).
+pyspark has no start scripts), 3 Apache Kafka nodes in KRaft mode (each broker and
+controller, a quorum of 3 voters; topics get 3 replicas and ``min.insync.replicas=2``) and
+S3Proxy, the S3-compatible object store that holds the lake (its filesystem backend keeps
+the objects in the cluster folder; credentials generated at the first ``up`` into a file
+only its owner reads, never in the repository).
 Each component runs in its own process group, recorded in ``<var>/cluster/cluster.json``
 with its address, so ``down`` (another process) ends every one of them and nothing else;
 ``status [--json]`` says which are up. ``FALKIRK_ENV=cluster`` points falkirk at them
@@ -11,8 +14,8 @@ with its address, so ``down`` (another process) ends every one of them and nothi
 
 Ports are fixed (below; the ``cluster`` profile names them): a port in use, a component
 that does not come up in time, or a stale folder stops ``up``, which then stops what it
-started and names the component with the tail of its log. Not here yet (issue 18): the
-object store, Airflow with Celery workers, and the fault tests beyond a lost broker.
+started and names the component with the tail of its log. Not here yet (issue 18):
+Airflow with Celery workers.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -28,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from falkirk.config import PROFILES
 from falkirk.errors import FalkirkError
 from falkirk.local.broker import _listening
 from falkirk.runtime.procs import stop_group
@@ -43,6 +48,12 @@ WORKER_CORES, WORKER_MEMORY = "3", "3g"
 DAEMON_MEMORY = "256m"
 KAFKA_JVM = ("-Xms64m", "-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 START_TIMEOUT_S = 90.0
+# The object store: where the cluster profile's storage options point, and its lake's bucket.
+_PROFILE = PROFILES["cluster"]
+OBJECTSTORE_URL = dict(_PROFILE.storage_options)["AWS_ENDPOINT_URL"]
+OBJECTSTORE_PORT = int(OBJECTSTORE_URL.rsplit(":", 1)[1])
+BUCKET = _PROFILE.lake.removeprefix("s3://").split("/", 1)[0]
+OBJECTSTORE_JVM = ("-Xms32m", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 
 class ClusterError(FalkirkError, RuntimeError):
@@ -54,7 +65,7 @@ class Component:
     """One process of the cluster: how to start it and where it answers."""
 
     name: str
-    kind: str  # spark-master, spark-worker, kafka
+    kind: str  # spark-master, spark-worker, kafka, objectstore
     cmd: list[str]
     port: int  # where it answers (its health check connects here)
     address: str
@@ -160,6 +171,76 @@ def kafka_components(root: Path) -> list[Component]:
     return out
 
 
+def credentials_file(root: Path) -> Path:
+    """Where ``up`` keeps the object store's credentials (the cluster profile reads them
+    from there when the environment has none): ``<var_dir>/cluster/objectstore/…``."""
+    return root.parent / _PROFILE.object_store_credentials
+
+
+def objectstore_credentials(root: Path) -> dict[str, str]:
+    """The object store's key pair: generated at the first ``up``, owner-only, then kept."""
+    path = credentials_file(root)
+    if path.exists():
+        return json.loads(path.read_text())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    creds = {"AWS_ACCESS_KEY_ID": f"falkirk-{secrets.token_hex(4)}",
+             "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30)}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(creds, out)
+    return creds
+
+
+def objectstore_component(root: Path) -> Component:
+    """S3Proxy on the filesystem backend: objects are files under the cluster folder, so a
+    restarted store serves every object written before (S3Proxy honours If-None-Match,
+    which the lake's Delta commits rely on: config, AWS_CONDITIONAL_PUT)."""
+    from falkirk.io.jars import objectstore_jar
+
+    store = root / "objectstore"
+    (store / "data").mkdir(parents=True, exist_ok=True)
+    creds = objectstore_credentials(root)
+    conf = store / "s3proxy.conf"
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write("\n".join([
+            f"s3proxy.endpoint={OBJECTSTORE_URL}", "s3proxy.authorization=aws-v2-or-v4",
+            f"s3proxy.identity={creds['AWS_ACCESS_KEY_ID']}",
+            f"s3proxy.credential={creds['AWS_SECRET_ACCESS_KEY']}",
+            # "filesystem", not "filesystem-nio2": nio2 stores s3a's directory markers
+            # ("…/_delta_log/_staged_commits/") as files, and delta-spark's first commit
+            # then fails with "Path is a file".
+            "jclouds.provider=filesystem", f"jclouds.filesystem.basedir={store / 'data'}",
+            ""]))
+    return Component("objectstore", "objectstore",
+                     ["java", *OBJECTSTORE_JVM, "-jar", objectstore_jar(), "--properties",
+                      str(conf)], OBJECTSTORE_PORT, OBJECTSTORE_URL)
+
+
+def _ensure_bucket(root: Path, deadline: float) -> None:
+    """The lake's bucket exists (created at the first ``up``; kept by a restart)."""
+    import pyarrow.fs as pafs
+
+    creds = objectstore_credentials(root)
+    fs = pafs.S3FileSystem(access_key=creds["AWS_ACCESS_KEY_ID"],
+                           secret_key=creds["AWS_SECRET_ACCESS_KEY"],
+                           endpoint_override=OBJECTSTORE_URL, scheme="http",
+                           region="us-east-1", allow_bucket_creation=True)
+    while True:
+        try:
+            fs.create_dir(BUCKET)
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"objectstore: bucket {BUCKET!r} could not be created at "
+                                   f"{OBJECTSTORE_URL}: {exc}") from exc
+            time.sleep(0.5)
+
+
+def components(root: Path) -> list[Component]:
+    return [*spark_components(root), *kafka_components(root), objectstore_component(root)]
+
+
 def _log(root: Path, c: Component) -> Path:
     return root / "logs" / f"{c.name}.log"
 
@@ -195,7 +276,7 @@ def up(root: Path | None = None, console=None) -> list[dict]:
         raise ClusterError(f"a cluster is already up here ({', '.join(c['name'] for c in running)}"
                            f"; {root}): `bin/cluster down` first")
     (root / "logs").mkdir(parents=True, exist_ok=True)
-    comps = [*spark_components(root), *kafka_components(root)]
+    comps = components(root)
     for c in comps:
         ports = [c.port] + ([KAFKA_CONTROLLER_PORTS[KAFKA_PORTS.index(c.port)]]
                             if c.kind == "kafka" else [])
@@ -206,37 +287,64 @@ def up(root: Path | None = None, console=None) -> list[dict]:
     started: list[Component] = []
     try:
         for c in comps:
-            with open(_log(root, c), "ab") as log:
-                log.write(f"\n--- {time.strftime('%F %T')} {c.name}: {' '.join(c.cmd)}\n"
-                          .encode())
-                log.flush()
-                proc = subprocess.Popen(c.cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={**os.environ, **c.env})
-            c.pgid, c.started_at = proc.pid, time.time()
+            _start(root, c)
             started.append(c)
             _save(root, started)
             if console is not None:
                 console.print(f"started {c.name} (process group {c.pgid})")
         deadline = time.monotonic() + START_TIMEOUT_S
         for c in started:
-            while not _listening(c.port):
-                if not _alive(c.pgid):
-                    raise ClusterError(f"{c.name} exited while starting; last lines of "
-                                       f"{_log(root, c)}:\n{_tail(_log(root, c))}")
-                if time.monotonic() > deadline:
-                    raise ClusterError(f"{c.name} did not answer on port {c.port} within "
-                                       f"{START_TIMEOUT_S:.0f} s; last lines of "
-                                       f"{_log(root, c)}:\n{_tail(_log(root, c))}")
-                time.sleep(0.3)
+            _wait_for_port(root, c, deadline)
         _wait_for_workers(deadline)
         _wait_for_brokers(deadline)
+        _ensure_bucket(root, deadline)
     except BaseException:
         for c in reversed(started):
             stop_group(c.pgid, timeout_s=20.0)
         (root / "cluster.json").unlink(missing_ok=True)
         raise
     return status(root)
+
+
+def _start(root: Path, c: Component) -> None:
+    """Start one component in its own process group, its output appended to its log."""
+    with open(_log(root, c), "ab") as log:
+        log.write(f"\n--- {time.strftime('%F %T')} {c.name}: {' '.join(c.cmd)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(c.cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **c.env})
+    c.pgid, c.started_at = proc.pid, time.time()
+
+
+def _wait_for_port(root: Path, c: Component, deadline: float) -> None:
+    while not _listening(c.port):
+        if not _alive(c.pgid):
+            raise ClusterError(f"{c.name} exited while starting; last lines of "
+                               f"{_log(root, c)}:\n{_tail(_log(root, c))}")
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{c.name} did not answer on port {c.port} within "
+                               f"{START_TIMEOUT_S:.0f} s; last lines of "
+                               f"{_log(root, c)}:\n{_tail(_log(root, c))}")
+        time.sleep(0.3)
+
+
+def start(name: str, root: Path | None = None) -> None:
+    """Start a stopped component again (after ``kill``), as an operator's restart would:
+    on the same port, with the data it kept."""
+    root = root or folder()
+    recs = recorded(root)
+    [rec] = [r for r in recs if r["name"] == name] or [None]
+    if rec is None:
+        raise ClusterError(f"no component {name!r} in the cluster")
+    if _alive(rec["pgid"]):
+        raise ClusterError(f"{name} is running (process group {rec['pgid']}): kill it first")
+    [c] = [c for c in components(root) if c.name == name]
+    deadline = time.monotonic() + START_TIMEOUT_S
+    _start(root, c)
+    (root / "cluster.json").write_text(json.dumps(
+        [c.state() if r["name"] == name else r for r in recs], indent=1))
+    _wait_for_port(root, c, deadline)
 
 
 def _wait_for_workers(deadline: float) -> None:
@@ -349,11 +457,14 @@ def down(root: Path | None = None) -> list[str]:
 
 
 def kill(name: str, root: Path | None = None) -> None:
-    """SIGKILL one component's process group (a fault, for tests)."""
+    """SIGKILL one component's process group (a fault, for tests); returns once it is gone."""
     for c in recorded(root):
         if c["name"] == name:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(c["pgid"], signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while _alive(c["pgid"]) and time.monotonic() < deadline:
+                time.sleep(0.1)
             return
     raise ClusterError(f"no component {name!r} in the cluster")
 

@@ -53,14 +53,15 @@ class LocalRun(BaseRun):
         from falkirk.io.lake import read_table
 
         out = {}
+        opts = self.cfg.delta_storage_options or None
         for edge in self.pipeline.edges.values():
             if edge.kind != "delta" or edge.table in out:
                 continue
             uri = self.cfg.table(edge.table)
-            if not DeltaTable.is_deltatable(uri):
+            if not DeltaTable.is_deltatable(uri, storage_options=opts):
                 out[edge.table] = []
                 continue
-            rows = read_table(uri).to_pylist()
+            rows = read_table(uri, storage_options=opts).to_pylist()
             out[edge.table] = sorted(rows, key=lambda r: json.dumps(r, sort_keys=True,
                                                                     default=str))
         return out

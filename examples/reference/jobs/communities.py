@@ -23,7 +23,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from falkirk.job import EpochContext, EpochResult, JobLogic, conform, main
+from falkirk.job import EpochContext, EpochResult, JobLogic, conform, cut_lineage, main
 
 log = logging.getLogger("falkirk.jobs.communities")
 
@@ -59,7 +59,7 @@ def transform(
     previous round send their label; the loop stops after the first round in which no
     label changed, and that round is counted (a converged warm start takes 1 round; no
     nodes at all takes 0). ``on_iteration(round, changed)`` is called after every round,
-    e.g. to log ``(epoch, round)`` progress. Lineage is cut with ``localCheckpoint``
+    e.g. to log ``(epoch, round)`` progress. Lineage is cut with ``cut_lineage``
     every ``checkpoint_every`` rounds (rounds in between are cached), so plans stay small.
 
     ``seeds_df`` (``node_id``): the workset, as Flink's delta iterations keep one: when
@@ -73,11 +73,10 @@ def transform(
     user = (F.col("user_id") * 2).cast("long")
     item = (F.col("item_id") * 2 + 1).cast("long")
     pairs = edges_df.select(user.alias("u"), item.alias("i"))
-    adjacency = (
+    adjacency = cut_lineage(
         pairs.select(F.col("u").alias("src"), F.col("i").alias("dst"))
         .union(pairs.select(F.col("i").alias("src"), F.col("u").alias("dst")))
         .distinct()
-        .localCheckpoint()
     )
     previous = labels_df.select(F.col("node_id").cast("long"), F.col("label").cast("long"))
     nodes = adjacency.select(F.col("src").alias("node_id")).distinct()
@@ -87,13 +86,12 @@ def transform(
         seeds = seeds_df.select(F.col("node_id").cast("long")).distinct()
         known = known.join(seeds.withColumn("_seed", F.lit(True)), "node_id", "left")
         first = F.col("_seed").isNotNull() | F.col("label").isNull()
-    labels = (
+    labels = cut_lineage(
         known.select(
             "node_id",
             F.least(F.col("node_id"), F.coalesce(F.col("label"), F.col("node_id"))).alias("label"),
             first.alias("changed"),
         )
-        .localCheckpoint()
     )
     if labels.isEmpty():
         return labels.select("node_id", "label"), 0
@@ -120,7 +118,7 @@ def transform(
         new = proposed.join(hop, "label", "left").select(
             "node_id", jumped.alias("label"), (jumped < F.col("old")).alias("changed"))
         checkpointed = rounds % checkpoint_every == 0
-        new = new.localCheckpoint() if checkpointed else new.persist()  # the former is eager
+        new = cut_lineage(new) if checkpointed else new.persist()  # the former is eager
         changed = new.filter("changed").count()
         labels.unpersist()  # a no-op for a checkpointed one; its blocks go with the session
         labels = new
@@ -129,7 +127,7 @@ def transform(
         if changed == 0:
             result = labels.select("node_id", "label")
             if not checkpointed:  # hand back a short lineage, and free the cache
-                result = result.localCheckpoint()
+                result = cut_lineage(result)
                 labels.unpersist()
             return result, rounds
 
@@ -166,7 +164,7 @@ class CommunitiesJob(JobLogic):
     def process(self, ctx: EpochContext) -> EpochResult:
         state = ctx.state[REGION]
         new = edges(ctx.inputs["interactions"].filter(F.col("epoch") == ctx.epoch))
-        graph = state["edges"].unionByName(new).distinct().localCheckpoint()
+        graph = cut_lineage(state["edges"].unionByName(new).distinct())
         seeds = new.select(F.col("user_id") * 2).union(new.select(F.col("item_id") * 2 + 1))
         labels, rounds = transform(
             graph, state["labels"], seeds_df=seeds.toDF("node_id"),
@@ -193,10 +191,10 @@ class CommunitiesJob(JobLogic):
 
     def state_from_frame(self, region: str, df: DataFrame, spark) -> dict:
         return {
-            "edges": df.filter(F.col("key").startswith("e:"))
-                       .select("user_id", "item_id").localCheckpoint(),
-            "labels": df.filter(F.col("key").startswith("n:"))
-                        .select("node_id", "label").localCheckpoint(),
+            "edges": cut_lineage(df.filter(F.col("key").startswith("e:"))
+                                 .select("user_id", "item_id")),
+            "labels": cut_lineage(df.filter(F.col("key").startswith("n:"))
+                                  .select("node_id", "label")),
         }
 
 

@@ -21,6 +21,7 @@ from falkirk.job import (
     JobLogic,
     arrow_schema,
     conform,
+    cut_lineage,
     ddl,
     dead_letters,
     main,
@@ -231,7 +232,7 @@ class ServeJob(JobLogic):
         if STATS in ctx.active:
             query_stats, totals = stats(responses, ctx.state[STATS], ctx.epoch)
             outputs["query_stats"] = query_stats
-            state[STATS] = totals.localCheckpoint()
+            state[STATS] = cut_lineage(totals)
         return EpochResult(outputs=outputs, state=state)
 
     def finish_epoch(self, ctx: EpochContext) -> None:
@@ -246,7 +247,7 @@ class ServeJob(JobLogic):
                             "dimension", "value", "total")
 
     def state_from_frame(self, region: str, frame: DataFrame, spark) -> DataFrame:
-        return frame.select("dimension", "value", "total").localCheckpoint()
+        return cut_lineage(frame.select("dimension", "value", "total"))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from falkirk.io.lake import (
     file_path,
     local_path,
 )
+from falkirk.io.spark import cut_lineage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -363,8 +364,8 @@ def read_appends(spark: SparkSession, table_uri: str, version: int, epoch: int) 
     runs to what is there now (``availableNow``); later epochs' appends are filtered out by
     their ``epoch`` column, and a rollback's RESTORE (a commit that only removes files) is
     skipped (``skipChangeCommits``): a restore that reached this epoch fenced the reader,
-    whose commit is then refused. Each micro-batch is checkpointed in Spark
-    (``localCheckpoint``), so records stay on the executors, and the stream's own
+    whose commit is then refused. Each micro-batch's lineage is cut
+    (``falkirk.io.spark.cut_lineage``), so records stay in Spark, and the stream's own
     checkpoint folder lasts one read: the epoch log, not the stream, says where to start.
     """
     from functools import reduce
@@ -372,7 +373,7 @@ def read_appends(spark: SparkSession, table_uri: str, version: int, epoch: int) 
     batches: list[DataFrame] = []
 
     def keep(batch: DataFrame, _batch_id: int) -> None:
-        batches.append(batch.filter(batch["epoch"] == epoch).localCheckpoint())
+        batches.append(cut_lineage(batch.filter(batch["epoch"] == epoch)))
 
     source = (spark.readStream.format("delta").option("startingVersion", version)
               .option("skipChangeCommits", "true").load(spark_uri(table_uri.rstrip("/"))))

@@ -1,13 +1,16 @@
 """The JVM parts falkirk loads, fetched from Maven Central at set-up.
 
-Two sets, each declared by a pom shipped in the package (``falkirk/jvm/<set>/pom.xml``)
+Four sets, each declared by a pom shipped in the package (``falkirk/jvm/<set>/pom.xml``)
 and copied by ``falkirk jars`` (which ``bin/setup`` runs) into its own folder of the jar
 folder: ``jvm/lib/`` in a checkout, ``$FALKIRK_HOME/jvm/lib`` for an installed wheel,
 ``$FALKIRK_JARS_DIR`` when set:
 
 * ``spark``: Spark's Kafka connector and delta-spark, given to every driver and executor
   with ``spark.jars`` (never Ivy resolution at job start: a job starts without network);
-* ``kafka``: Apache Kafka's broker, run in KRaft mode as the embedded broker.
+* ``kafka``: Apache Kafka's broker, run in KRaft mode as the embedded broker;
+* ``s3``: hadoop-aws and the AWS SDK, on the class path of drivers and executors of a
+  profile whose lake is on an object store (``s3a://``);
+* ``objectstore``: S3Proxy, the object store of the local cluster (``bin/cluster``).
 
 A complete copy gets ``.pom.sha256`` (the pom's digest) beside its jars; a folder without
 it, or whose pom changed since, or with a jar that is not a readable archive, is refused
@@ -29,7 +32,7 @@ from falkirk.errors import FalkirkError
 
 JVM_DIR = Path(__file__).resolve().parents[1] / "jvm"  # the poms, shipped in the wheel
 STAMP = ".pom.sha256"
-SETS = ("spark", "kafka")
+SETS = ("spark", "kafka", "s3", "objectstore")
 #: What repairs the jar folder: bin/setup in a checkout, the verb itself for a wheel.
 REPAIR = "bin/setup" if CHECKOUT else "falkirk jars"
 
@@ -101,7 +104,7 @@ def fetch(name: str) -> bool:
 
 
 def jars(name: str) -> list[str]:
-    """The jar files of one set (``spark`` or ``kafka``), checked; see the module doc."""
+    """The jar files of one set (one of ``SETS``), checked; see the module doc."""
     if name not in SETS:
         raise ValueError(f"unknown jar set {name!r} (known: {', '.join(SETS)})")
     return list(_checked(lib_dir() / name, pom_digest(name)))
@@ -115,3 +118,14 @@ def spark_jars() -> str:
 def kafka_classpath() -> str:
     """The ``java -cp`` value for the Kafka broker."""
     return os.pathsep.join(jars("kafka"))
+
+
+def s3_classpath() -> str:
+    """The class path entries that let Spark reach ``s3a://`` (hadoop-aws, the AWS SDK)."""
+    return os.pathsep.join(jars("s3"))
+
+
+def objectstore_jar() -> str:
+    """S3Proxy's self-contained jar (``java -jar``)."""
+    [jar] = jars("objectstore")
+    return jar

@@ -60,6 +60,21 @@ def null_violations(df, schema, table: str, epoch: int):
     return df.filter(~null), conform(refused, "dead_letters")
 
 
+def cut_lineage(df):
+    """``df`` with its lineage cut, so state kept across epochs and loops (label
+    propagation's rounds) do not replay their history at every use.
+
+    On ``local[2]`` the rows stay in the executor's memory (``localCheckpoint``): it dies
+    only with its driver. Where executors can be lost (a profile with
+    ``spark_checkpoint_dir``: a cluster) a local checkpoint is lost with its executor and
+    every later job that reads it fails (``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``), so the rows
+    are written to the checkpoint folder instead (``checkpoint``), which outlives them.
+    """
+    if df.sparkSession.sparkContext.getCheckpointDir():
+        return df.checkpoint(eager=True)
+    return df.localCheckpoint()
+
+
 def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     """A Spark session for this machine's profile.
 
@@ -95,4 +110,11 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if cfg.spark_checkpoint_dir:  # executors can be lost: cut_lineage writes rows there
+        sc = spark.sparkContext
+        sc.setCheckpointDir(f"{cfg.spark_checkpoint_dir.rstrip('/')}/{sc.applicationId}")
+    if cfg.lake.startswith("s3://"):  # the credentials, never on a command line (config)
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        for key, value in cfg.s3a_settings(secrets=True).items():
+            hadoop.set(key, value)
     return spark

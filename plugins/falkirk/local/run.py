@@ -50,13 +50,35 @@ class LocalRun:
         if self.broker is None:
             self.broker = LocalBroker(self.root / "broker")
             self.broker.start()
-        self.cfg: Config = replace(load(), lake=str(self.root / "lake"),
+        cfg = load()
+        self.cfg: Config = replace(cfg, lake=self._lake(cfg),
                                    var_dir=str(self.root / "var"),
                                    kafka_bootstrap=self.broker.bootstrap)
         self.env = {"FALKIRK_LAKE": self.cfg.lake, "FALKIRK_VAR_DIR": self.cfg.var_dir,
                     "FALKIRK_KAFKA_BOOTSTRAP": self.cfg.kafka_bootstrap}
+        if self.cfg.storage_options:  # the jobs' var_dir is the run's: hand them the
+            # object store's credentials the way a scheduler would, in the environment
+            from falkirk.config import SECRET_OPTIONS
+
+            opts = self.cfg.delta_storage_options
+            self.env.update({k: opts[k] for k in SECRET_OPTIONS})
         self.log = EpochLog.from_config(self.cfg)
         return self
+
+    def _lake(self, cfg: Config) -> str:
+        """The run's lake: ``<root>/lake``, or on an object store (the profile's lake is a
+        URI) a prefix of its own under it, kept in ``<root>/lake.uri`` so the run finds its
+        tables again."""
+        if "://" not in cfg.lake:
+            return str(self.root / "lake")
+        marker = self.root / "lake.uri"
+        if marker.exists():
+            return marker.read_text().strip()
+        import uuid
+
+        uri = f"{cfg.lake.rstrip('/')}/runs/{self.root.name}-{uuid.uuid4().hex[:8]}"
+        marker.write_text(uri + "\n")
+        return uri
 
     def __exit__(self, *exc: Any) -> None:
         self.stop_all()

@@ -43,6 +43,7 @@ import pyarrow as pa
 from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
 from falkirk.io.kafka import broker_retry
+from falkirk.io.spark import cut_lineage
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.model.schemas import arrow_schema, ddl, find, use_pipeline
 from falkirk.model.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
@@ -739,7 +740,7 @@ class CompositeJob(JobLogic):
             for name, df in out.outputs.items():
                 edge = self.pipeline.edges.get(name)
                 if edge is not None and edge.kind == "delta":
-                    df = df.localCheckpoint()
+                    df = cut_lineage(df)
                     held = self.memory.get(edge.table)
                     self.memory[edge.table] = df if held is None else held.unionByName(df)
                 result.outputs[name] = df

@@ -117,8 +117,9 @@ def main_direct(args: Namespace, console, cluster: bool = False) -> int:
         broker = local_cluster.ClusterKafka(topics)
         engines_note = (f"Engines of the run with the failure: the local cluster of "
                         f"bin/cluster up, {engines}; jobs submitted to its Spark master "
-                        f"(FALKIRK_ENV=cluster), topics with 3 replicas, Delta on local "
-                        f"files. The failure-free run: the embedded defaults.")
+                        f"(FALKIRK_ENV=cluster), topics with 3 replicas, the Delta tables "
+                        f"in its object store (s3a:// for Spark, put-if-absent commits "
+                        f"for delta-rs). The failure-free run: the embedded defaults.")
     with _profile("local"):
         golden, golden_note, seconds = golden_outputs(root, console,
                                                       getattr(args, "fresh_golden", True))

@@ -12,7 +12,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from falkirk.job import EpochContext, EpochResult, JobLogic, main
+from falkirk.job import EpochContext, EpochResult, JobLogic, cut_lineage, main
 
 STATE_SCHEMA = pa.schema([("user", pa.string()), ("total", pa.int64())])
 
@@ -40,7 +40,7 @@ class UserTotalsJob(JobLogic):
         rows, totals = transform(ctx.inputs["clicks_for_totals"], ctx.state["user_totals"],
                                  ctx.epoch)
         return EpochResult(outputs={"user_totals": rows},
-                           state={"user_totals": totals.localCheckpoint()})
+                           state={"user_totals": cut_lineage(totals)})
 
     def state_schema(self, region: str) -> pa.Schema:
         return STATE_SCHEMA
@@ -49,7 +49,7 @@ class UserTotalsJob(JobLogic):
         return state.select(F.col("user").alias("key"), "user", "total")
 
     def state_from_frame(self, region: str, frame: DataFrame, spark) -> DataFrame:
-        return frame.select("user", "total").localCheckpoint()
+        return cut_lineage(frame.select("user", "total"))
 
 
 if __name__ == "__main__":
