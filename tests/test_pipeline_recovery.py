@@ -34,8 +34,11 @@ def assert_resent_with_a_newer_generation(sent, plan):
 
 
 
+# One kill per region (each case is a whole run, ~2.5 min of CI): the lazy region killed
+# after its first checkpoint (communities mid-epoch 3) is the kill of the two tests below,
+# the rollback crashed half-way and the rollback DAG.
 @pytest.mark.parametrize("region, epoch", [
-    ("ingest", 2), ("popularity", 2), ("communities", 1), ("communities", 3), ("serve", 2),
+    ("ingest", 2), ("popularity", 2), ("communities", 1), ("serve", 2),
 ], ids=lambda v: str(v))
 def test_kill_a_region_mid_epoch_then_roll_back(golden, tmp_path, region, epoch):
     outputs, plan, sent = run_pipeline(tmp_path, kill=(region, epoch))
