@@ -214,7 +214,8 @@ def _credentials(cfg: Config, var_dir: str) -> dict[str, str]:
             return found
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: the object store's credentials file is unreadable "
-                              f"({exc}); `bin/cluster down` and `up` write it again") from exc
+                              f"({exc}); delete it and the next `bin/cluster up` writes a new "
+                              "one") from exc
         found = {k: str(saved[k]) for k in SECRET_OPTIONS if k in saved}
     return found
 
