@@ -225,7 +225,8 @@ def _ensure_bucket(root: Path, deadline: float) -> None:
     fs = pafs.S3FileSystem(access_key=creds["AWS_ACCESS_KEY_ID"],
                            secret_key=creds["AWS_SECRET_ACCESS_KEY"],
                            endpoint_override=OBJECTSTORE_URL, scheme="http",
-                           region="us-east-1", allow_bucket_creation=True)
+                           region=dict(_PROFILE.storage_options)["AWS_REGION"],
+                           allow_bucket_creation=True)
     while True:
         try:
             fs.create_dir(BUCKET)
@@ -391,12 +392,15 @@ def bootstrap() -> str:
 
 class ClusterKafka:
     """The cluster's Kafka as a sandbox's broker (``LocalRun(broker=...)``): started and
-    stopped by ``bin/cluster``, not by the run. A run owns its topics: ``start`` deletes the
-    pipeline's topics left by an earlier run, so every run begins on empty ones."""
+    stopped by ``bin/cluster``, not by the run. A run owns its pipeline's topics: ``start``
+    deletes those an earlier run left, so every run begins on empty ones."""
 
-    def __init__(self, topics: list[str], servers: str | None = None):
+    def __init__(self, pipeline: str, servers: str | None = None):
+        from falkirk.model.topology import load_pipeline
+
         self.bootstrap = servers or bootstrap()
-        self.topics = topics
+        self.topics = sorted({e.topic for e in load_pipeline(pipeline).edges.values()
+                              if e.kind == "kafka"})
 
     def start(self) -> ClusterKafka:
         from kafka import KafkaAdminClient

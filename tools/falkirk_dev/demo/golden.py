@@ -95,7 +95,6 @@ def main_direct(args: Namespace, console, cluster: bool = False) -> int:
     failure goes to the local cluster of ``bin/cluster up`` (Spark standalone, 3 Kafka
     brokers; FALKIRK_ENV=cluster), the failure-free run stays on the embedded defaults
     (its outputs do not depend on the engines: that is what the comparison shows)."""
-    from falkirk.model.topology import load_pipeline
     from falkirk_dev.harness import LocalRun, compare
 
     root = Path(getattr(args, "root", None) or REPO_ROOT / "var" / "demo")
@@ -112,9 +111,7 @@ def main_direct(args: Namespace, console, cluster: bool = False) -> int:
             raise DemoError(f"--cluster runs on FALKIRK_ENV=cluster, not "
                             f"{os.environ['FALKIRK_ENV']!r}")
         engines = local_cluster.engines()  # refuses when no healthy cluster is up
-        topics = sorted({e.topic for e in load_pipeline("reference").edges.values()
-                         if e.kind == "kafka"})
-        broker = local_cluster.ClusterKafka(topics)
+        broker = local_cluster.ClusterKafka("reference")
         engines_note = (f"Engines of the run with the failure: the local cluster of "
                         f"bin/cluster up, {engines}; jobs submitted to its Spark master "
                         f"(FALKIRK_ENV=cluster), topics with 3 replicas, the Delta tables "
