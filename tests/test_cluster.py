@@ -1,18 +1,26 @@
-"""The local cluster (``bin/cluster``): Spark standalone, a 3-broker Kafka cluster and an
-S3-compatible object store, each component its own process; a lost broker loses no
-acknowledged record, executors on the workers read the topics with the shipped connector
-jars, a lost worker's tasks run again on the other, epochs committed to Delta tables in
-the object store survive its restart (a commit made while it was down completes once it is
-back), two delta-rs writers of one version cannot both win, and ``down`` leaves nothing."""
+"""The local cluster (``bin/cluster``): Spark standalone, a 3-broker Kafka cluster, an
+S3-compatible object store, PostgreSQL and Redis, each component its own process; a lost
+broker loses no acknowledged record, executors on the workers read the topics with the
+shipped connector jars, a lost worker's tasks run again on the other, epochs committed to
+Delta tables in the object store survive its restart (a commit made while it was down
+completes once it is back), two delta-rs writers of one version cannot both win, and
+``down`` leaves nothing. The reference pipeline, its batch region driven by Airflow with
+Celery on the cluster, rides out a lost broker, Spark worker, Celery worker and object
+store with the failure-free outputs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -96,13 +104,18 @@ CLIENT = textwrap.dedent("""
     opts = cfg.delta_storage_options
     schema = pa.schema([("epoch", pa.int64()), ("n", pa.int64())])
     writer = EpochWriter(spark, cfg.table("t", "epochs"), "r", 1, schema, opts, pipeline="p")
+    failed = {}
     def epoch(e):
-        writer.write_epoch(spark.range(5).selectExpr(f"{e} as epoch", "id as n"), e)
+        try:
+            writer.write_epoch(spark.range(5).selectExpr(f"{e} as epoch", "id as n"), e)
+        except Exception as err:  # reported below: the thread's error would be lost
+            failed[e] = f"{type(err).__name__}: {str(err)[:2000]}"
     for e in range(2):
         epoch(e)
     cluster.kill("objectstore")
     during = threading.Thread(target=epoch, args=(2,))  # a commit while the store is down
     during.start()
+    time.sleep(10)  # how long the store is away: beyond the retries' defaults (~2-4 s)
     cluster.start("objectstore")
     during.join(timeout=300)
     epoch(3)
@@ -110,6 +123,7 @@ CLIENT = textwrap.dedent("""
     out["lake"] = cfg.table("t", "epochs")
     out["epochs"] = sorted(table.column("epoch").to_pylist())
     out["committed_epoch"] = writer.committed_epoch()
+    out["failed"] = failed
     # Two delta-rs writers that read the same version: one wins it, the other commits next.
     uri = cfg.table("t", "two")
     write_deltalake(uri, pa.table({"a": [1]}), storage_options=opts)
@@ -129,11 +143,16 @@ def _cluster(env, *args: str, timeout: float = 300) -> subprocess.CompletedProce
 
 
 @pytest.fixture
-def env(tmp_path):
-    yield {**os.environ, "FALKIRK_VAR_DIR": str(tmp_path / "var")}
+def env():
+    # Not under pytest's tmp_path (its root is owner-only): as root, PostgreSQL runs as
+    # Debian's postgres user, which must reach its data folder.
+    var = Path(tempfile.mkdtemp(prefix="falkirk-cluster-"))
+    var.chmod(0o711)
+    yield {**os.environ, "FALKIRK_VAR_DIR": str(var)}
     # whatever a failed test left up
     subprocess.run([CLUSTER, "down"], capture_output=True,
-                   env={**os.environ, "FALKIRK_VAR_DIR": str(tmp_path / "var")}, timeout=120)
+                   env={**os.environ, "FALKIRK_VAR_DIR": str(var)}, timeout=120)
+    shutil.rmtree(var, ignore_errors=True)
 
 
 def test_cluster_up_runs_spark_on_the_workers_survives_a_lost_broker_and_down_ends_it(env):
@@ -144,11 +163,18 @@ def test_cluster_up_runs_spark_on_the_workers_survives_a_lost_broker_and_down_en
         "spark-master": ("spark-master", True), "spark-worker-1": ("spark-worker", True),
         "spark-worker-2": ("spark-worker", True), "kafka-1": ("kafka", True),
         "kafka-2": ("kafka", True), "kafka-3": ("kafka", True),
-        "objectstore": ("objectstore", True)}
-    assert len({c["pgid"] for c in status}) == 7  # each in its own process group
-    creds = cluster.credentials_file(Path(env["FALKIRK_VAR_DIR"]) / "cluster")
-    assert creds.stat().st_mode & 0o077 == 0  # generated, owner-only
-    assert json.loads(creds.read_text())["AWS_SECRET_ACCESS_KEY"] not in json.dumps(status)
+        "objectstore": ("objectstore", True), "postgres": ("postgres", True),
+        "redis": ("redis", True)}
+    assert len({c["pgid"] for c in status}) == 9  # each in its own process group
+    root = Path(env["FALKIRK_VAR_DIR"]) / "cluster"
+    for creds in (cluster.credentials_file(root), root / "airflow" / "credentials.json",
+                  root / "redis" / "redis.conf"):
+        assert creds.stat().st_mode & 0o077 == 0, creds  # generated, owner-only
+    secrets = [*json.loads(cluster.credentials_file(root).read_text()).values(),
+               *cluster.airflow_credentials(root).values()]
+    shown = json.dumps(status) + subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                                text=True).stdout
+    assert not [s for s in secrets if len(s) > 12 and s in shown]  # not in status, not in ps
     again = _cluster(env, "up")
     assert again.returncode != 0 and "a cluster is already up here" in again.stderr
 
@@ -163,7 +189,7 @@ def test_cluster_up_runs_spark_on_the_workers_survives_a_lost_broker_and_down_en
                     "sum_after_the_loss": sum(range(8)), "checkpoint_dir": True,
                     "cut_after_the_loss": sum(range(0, 200, 2)),
                     "lake": "s3://falkirk/lake/t/epochs",
-                    "epochs": sorted([0, 1, 2, 3] * 5), "committed_epoch": 3,
+                    "epochs": sorted([0, 1, 2, 3] * 5), "committed_epoch": 3, "failed": {},
                     "two_writers": [2, [1, 2, 3]]}
     after = {c["name"]: c["healthy"] for c in
              json.loads(_cluster(env, "status", "--json").stdout)["components"]}
@@ -199,36 +225,130 @@ def test_up_refuses_a_stale_cluster_folder_and_deletes_nothing(env, tmp_path):
     assert json.loads(_cluster(env, "status", "--json").stdout)["components"] == []
 
 
-def test_the_reference_pipeline_rides_out_a_lost_broker_worker_and_object_store(
+def test_airflow_on_the_cluster_profile_refuses_to_start_without_the_cluster(env, tmp_path):
+    """FALKIRK_ENV=cluster runs Airflow with the CeleryExecutor on the cluster's PostgreSQL
+    and Redis: with no cluster up, bin/airflow says so and starts nothing."""
+    home = tmp_path / "airflow"
+    done = subprocess.run([str(REPO_ROOT / "bin" / "airflow"), "start", "--port", "28590"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in env.items() if not k.startswith("AIRFLOW")},
+                               "FALKIRK_ENV": "cluster", "FALKIRK_AIRFLOW_HOME": str(home)})
+    assert done.returncode != 0
+    assert "postgres of the local cluster is not up: run bin/cluster up first" in done.stderr
+    assert "the CeleryExecutor needs the local cluster's PostgreSQL and Redis" in done.stderr
+    assert not (home / "airflow.pid").exists() and not list(home.glob("celery-worker-*"))
+
+
+def test_the_reference_pipeline_under_airflow_with_celery_rides_out_infrastructure_faults(
         env, golden, tmp_path, monkeypatch):
-    """Infrastructure faults are the engines' to absorb, not falkirk's: mid-run on the
-    cluster a Kafka broker is lost (the other two hold every acknowledged record), a Spark
-    worker is killed and started again (Spark reruns the lost tasks), and the object store
-    is killed and started again (s3a and delta-rs retry). No job fails, nothing is rolled
-    back, and every output equals the failure-free run on the embedded defaults."""
+    """Infrastructure faults are the engines' to absorb, not falkirk's. The reference
+    pipeline runs on the cluster, its jobs on the Spark master: the stream jobs through
+    epoch 4 and the batch region popularity by hand through epoch 3, while a Kafka broker
+    is lost (mid-epoch 1 of ingest: the other two hold every acknowledged record), a Spark
+    worker is killed and started again (mid-epoch 2 of communities: Spark reruns the lost
+    tasks) and the object store is killed and started again (mid-epoch 3 of serve: s3a
+    and delta-rs retry). Then popularity is handed to its batch DAG in Airflow on the
+    cluster (bin/airflow, FALKIRK_ENV=cluster: metadata in the cluster's PostgreSQL, the
+    CeleryExecutor on Redis with 2 workers; FALKIRK_BATCH_FIRST_EPOCH=4), and the Celery
+    worker running epoch 4 is lost with its task and Spark driver: Airflow fails the task
+    when its heartbeats stop and retries it on the other worker. (Every epoch run by
+    Airflow beside the streams cost minutes on 2 cores: all five so made this test 31
+    min.) No job fails, the batch run succeeds, nothing is rolled back, and every output
+    equals the failure-free run on the embedded defaults: the retried epoch is in the
+    tables once."""
+    import psutil
+
+    from falkirk_dev.demo.airflow import AirflowAPI, _free_port_block
+
     up = _cluster(env, "up")
     assert up.returncode == 0, up.stdout + up.stderr
     monkeypatch.setenv("FALKIRK_ENV", "cluster")
     monkeypatch.setenv("FALKIRK_VAR_DIR", env["FALKIRK_VAR_DIR"])
-    broker = cluster.ClusterKafka("reference")
-    with LocalRun(tmp_path / "run", broker=broker.start()) as run:
-        assert run.cfg.lake.startswith("s3://falkirk/lake/runs/")
+    home, bin_airflow = tmp_path / "airflow", str(REPO_ROOT / "bin" / "airflow")
+    dag, handover = "falkirk_reference_batch_popularity", EPOCHS - 1
+    with LocalRun(tmp_path / "run", broker=cluster.ClusterKafka("reference").start()) as run:
         run.generate(**INPUT)
-        run.start(until_epoch=EPOCHS - 1)
-        faults = [("ingest", 1, lambda: cluster.kill("kafka-2")),
-                  ("communities", 2, lambda: (cluster.kill("spark-worker-1"),
-                                              cluster.start("spark-worker-1"))),
-                  ("serve", 3, lambda: (cluster.kill("objectstore"),
-                                        cluster.start("objectstore")))]
-        for region, epoch, fault in faults:
-            run.wait_for(lambda r=region, e=epoch: run.epoch_running(r, e), timeout_s=900,
-                         what=f"{region} in the middle of epoch {epoch}")
-            fault()
+        by_hand = next(j for j, hosted in run.jobs.items() if "popularity" in hosted)
+        run.start([by_hand], until_epoch=handover - 1)
+        run.start([j for j in run.jobs if j != by_hand], until_epoch=EPOCHS - 1)
+        faults = [(lambda: run.epoch_running("ingest", 1), "ingest mid-epoch 1",
+                   lambda: cluster.kill("kafka-2")),
+                  (lambda: run.epoch_running("communities", 2), "communities mid-epoch 2",
+                   lambda: (cluster.kill("spark-worker-1"), cluster.start("spark-worker-1"))),
+                  (lambda: run.epoch_running("serve", 3), "serve mid-epoch 3",
+                   lambda: (cluster.kill("objectstore"), cluster.start("objectstore")))]
+        # Each fault when its moment comes, whatever the order the jobs reach them in.
+        deadline = time.monotonic() + 1200
+        while faults:
+            for f in [f for f in faults if f[0]()]:
+                f[2]()
+                faults.remove(f)
+            assert time.monotonic() < deadline, f"never came: {[f[1] for f in faults]}"
+            time.sleep(0.5)
         codes = run.wait(timeout_s=1500)
         assert set(codes.values()) == {0}, {j: str(run.log_file(j)) for j in codes}
+
+        aenv = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        # What `bin/airflow` asks the cluster for itself; here the cluster's folder is not
+        # the sandbox's FALKIRK_VAR_DIR, as a remote cluster's would not be.
+        aenv.update(cluster.airflow_settings(home), **run.env, FALKIRK_ENV="cluster",
+                    FALKIRK_AIRFLOW_HOME=str(home), FALKIRK_BATCH_EPOCHS=str(EPOCHS),
+                    FALKIRK_BATCH_FIRST_EPOCH=str(handover),
+                    FALKIRK_AIRFLOW_PASSWORD="falkirk-test",
+                    # the lost task is failed 45 s after its last heartbeat
+                    AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="45")
+        port = _free_port_block()
+        try:
+            started = subprocess.run([bin_airflow, "start", "--port", str(port)], env=aenv,
+                                     timeout=600, capture_output=True, text=True)
+            assert started.returncode == 0, started.stdout + started.stderr
+            assert "Celery worker 2" in started.stdout
+            workers = {int((home / f"celery-worker-{i}.pgid").read_text()) for i in (1, 2)}
+            api = AirflowAPI(f"http://127.0.0.1:{port}", home)
+            run.wait_for(lambda: api._request("GET", f"/api/v2/dags/{dag}")[0] == 200,
+                         timeout_s=300, what="the dag processor to parse the batch DAG")
+            api.pause(dag, False)
+
+            def session(pid: int) -> int | None:
+                with contextlib.suppress(OSError):
+                    return os.getsid(pid)
+                return None
+
+            def popularity_worker(epoch: int) -> int | None:
+                """The Celery worker (its session: Airflow gives each task a process group
+                of its own in it) whose task runs popularity's driver for ``epoch``."""
+                for proc in psutil.process_iter(["cmdline"]):
+                    cmd = proc.info["cmdline"] or []
+                    if any(a.endswith("popularity.py") for a in cmd) and "--epoch" in cmd \
+                            and cmd[cmd.index("--epoch") + 1] == str(epoch) \
+                            and session(proc.pid) in workers:
+                        return session(proc.pid)
+                return None
+
+            def members(sid: int) -> list[int]:
+                return [p.pid for p in psutil.process_iter() if session(p.pid) == sid]
+
+            run.wait_for(lambda: popularity_worker(handover) is not None, timeout_s=900,
+                         what=f"popularity's epoch {handover} running on a Celery worker")
+            lost = popularity_worker(handover)
+            for pid in members(lost):  # the worker's machine is lost: all of it at once
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            run.wait_for(lambda: not members(lost), timeout_s=30,
+                         what="the lost worker's processes to end")
+
+            def states() -> list[str]:
+                return [r["state"] for r in api.runs(dag)]
+
+            run.wait_for(lambda: states() in (["success"], ["failed"]), timeout_s=900,
+                         what=f"the batch run of epoch {handover} to end")
+            [only] = api.runs(dag)
+            assert only["state"] == "success", only
+            assert api.tasks(dag, only["dag_run_id"])["popularity"]["try_number"] == 2
+            assert members(next(w for w in workers if w != lost))  # the other one
+        finally:
+            subprocess.run([bin_airflow, "stop"], env=aenv, timeout=180, capture_output=True)
         assert run.log.rollbacks("reference") == []  # nothing for falkirk to recover
         outputs, sent = run.outputs(), run.sent()
     assert sent["responses"]["resent"] == 0
     assert_same(golden, outputs)
-    down = _cluster(env, "down")
-    assert down.returncode == 0, down.stderr

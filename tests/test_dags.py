@@ -229,6 +229,28 @@ def test_batch_epochs_follow_the_data_interval(airflow_env, dagbag):
     assert dag.user_defined_macros["falkirk_epoch"](start + timedelta(seconds=40)) == 4
 
 
+def test_batch_runs_can_start_at_a_later_epoch_and_bad_bounds_are_refused(airflow_env,
+                                                                            monkeypatch):
+    """FALKIRK_BATCH_FIRST_EPOCH hands a region to Airflow mid-stream: the first run's data
+    interval is that epoch's window; bounds that schedule nothing, or are not numbers, are
+    refused naming the variable."""
+    from falkirk.airflow.batch import origin, schedule
+    from falkirk.model.topology import load_pipeline
+
+    start = origin(load_pipeline("reference"))
+    monkeypatch.setenv("FALKIRK_BATCH_FIRST_EPOCH", "3")
+    monkeypatch.setenv("FALKIRK_BATCH_EPOCHS", "5")
+    got = schedule("reference")
+    assert got["start_date"] == start + timedelta(seconds=30)
+    assert got["end_date"] == start + timedelta(seconds=49)
+    monkeypatch.setenv("FALKIRK_BATCH_FIRST_EPOCH", "5")
+    with pytest.raises(ValueError, match="FALKIRK_BATCH_FIRST_EPOCH=5 must be below"):
+        schedule("reference")
+    monkeypatch.setenv("FALKIRK_BATCH_FIRST_EPOCH", "three")
+    with pytest.raises(ValueError, match="FALKIRK_BATCH_FIRST_EPOCH='three'"):
+        schedule("reference")
+
+
 def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(dagbag):
     """One source for the settings a driver must get at start (shuffle partitions, UI, the
     driver JVM's options): the DAG's spark-submit and the supervisor's job command."""

@@ -61,6 +61,9 @@ class Config:
     # executors can be lost (a cluster): a folder every executor reaches. Empty: in the
     # executors' memory (local[2], where they die only with the driver).
     spark_checkpoint_dir: str = ""
+    # The executor bin/airflow runs Airflow with: LocalExecutor on one machine; the
+    # CeleryExecutor on a cluster (tasks go to Celery workers through a broker).
+    airflow_executor: str = "LocalExecutor"
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""
@@ -103,7 +106,11 @@ class Config:
         only with ``secrets``: launch settings show on command lines and in Airflow's
         task fields, so ``falkirk.io.spark.session`` sets them in the running driver."""
         opts = dict(self.storage_options)
-        out = {"fs.s3a.endpoint.region": opts.get("AWS_REGION", "us-east-1")}
+        out = {"fs.s3a.endpoint.region": opts.get("AWS_REGION", "us-east-1"),
+               # Hadoop retries a failed call 7 times 0.5 s apart: a store away for
+               # longer (a restart, a network blip) failed the job. 2 minutes, as delta-rs
+               # gets (OBJECT_STORE_RETRIES).
+               "fs.s3a.retry.limit": "40", "fs.s3a.retry.interval": "3s"}
         if "AWS_ENDPOINT_URL" in opts:  # an S3-compatible store: buckets are not host names
             out["fs.s3a.endpoint"] = opts["AWS_ENDPOINT_URL"]
             out["fs.s3a.path.style.access"] = "true"
@@ -128,6 +135,13 @@ class Config:
                               "(docs/cluster.md, docs/compose.md)")
         return opts
 
+
+# delta-rs retries a failed request 10 times within about 2 s by default: a store away for
+# longer (a restart, a network blip) failed the commit. Keep trying for 2 minutes, as s3a
+# does (Config.s3a_settings).
+OBJECT_STORE_RETRIES = (("max_retries", "100"), ("retry_timeout", "120s"),
+                        ("backoff_config.init_backoff", "500ms"),
+                        ("backoff_config.max_backoff", "4s"))
 
 # Drivers sharing this machine's 2 cores: C1 only, the serial collector, the tiered code
 # cache (see Config.spark_driver_java_options); the local and the cluster profile use them.
@@ -158,6 +172,7 @@ PROFILES: dict[str, Config] = {
             # Commits by put-if-absent (If-None-Match), which S3Proxy honours: two writers
             # of one Delta version cannot both win, without AWS_S3_ALLOW_UNSAFE_RENAME.
             ("AWS_CONDITIONAL_PUT", "etag"),
+            *OBJECT_STORE_RETRIES,
         ),
         object_store_jars=True,
         object_store_credentials="cluster/objectstore/credentials.json",
@@ -168,6 +183,7 @@ PROFILES: dict[str, Config] = {
         spark_master="spark://127.0.0.1:27077",
         spark_driver_java_options=LOCAL_DRIVER_JAVA_OPTIONS,
         topic_replication=3,
+        airflow_executor="CeleryExecutor",
         # Every job is an application of its own and streaming jobs never end: each takes
         # one executor core, so the workers' cores go round (tools/falkirk_dev/cluster.py).
         spark_conf=(("spark.cores.max", "1"), ("spark.executor.memory", "768m"),
@@ -185,6 +201,7 @@ PROFILES: dict[str, Config] = {
             ("AWS_REGION", "us-east-1"),
             ("AWS_ALLOW_HTTP", "true"),
             ("AWS_CONDITIONAL_PUT", "etag"),  # MinIO honours If-None-Match too
+            *OBJECT_STORE_RETRIES,
         ),
     ),
 }

@@ -123,10 +123,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_chaos)
 
     p = sub.add_parser("cluster", help="a local cluster as separate processes: Spark "
-                       "standalone (master + 2 workers), 3 Kafka brokers, an S3 object store "
-                       "(FALKIRK_ENV=cluster)")
-    p.add_argument("action", choices=("up", "down", "status"))
+                       "standalone (master + 2 workers), 3 Kafka brokers, an S3 object store, "
+                       "PostgreSQL and Redis for Airflow with Celery (FALKIRK_ENV=cluster)")
+    p.add_argument("action", choices=("up", "down", "status", "airflow-env"),
+                   help="airflow-env: the shell exports bin/airflow uses for the "
+                        "CeleryExecutor on this cluster (with --home)")
     p.add_argument("--json", action="store_true", help="status as JSON on stdout")
+    p.add_argument("--home", help="airflow-env: the Airflow home (its own database and queue)")
     p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("bench", help="print performance figures")

@@ -6,7 +6,7 @@ pyspark has no start scripts), 3 Apache Kafka nodes in KRaft mode (each broker a
 controller, a quorum of 3 voters; topics get 3 replicas and ``min.insync.replicas=2``) and
 S3Proxy, the S3-compatible object store that holds the lake (its filesystem backend keeps
 the objects in the cluster folder; credentials generated at the first ``up`` into a file
-only its owner reads, never in the repository).
+only its owner reads, never in the repository), PostgreSQL and Redis.
 Each component runs in its own process group, recorded in ``<var>/cluster/cluster.json``
 with its address, so ``down`` (another process) ends every one of them and nothing else;
 ``status [--json]`` says which are up. ``FALKIRK_ENV=cluster`` points falkirk at them
@@ -14,8 +14,12 @@ with its address, so ``down`` (another process) ends every one of them and nothi
 
 Ports are fixed (below; the ``cluster`` profile names them): a port in use, a component
 that does not come up in time, or a stale folder stops ``up``, which then stops what it
-started and names the component with the tail of its log. Not here yet (issue 18):
-Airflow with Celery workers.
+started and names the component with the tail of its log.
+
+Airflow runs on it with ``bin/airflow`` under ``FALKIRK_ENV=cluster``: its metadata in the
+cluster's PostgreSQL (Debian's server, one database per Airflow home), the CeleryExecutor
+with Redis (Debian's ``redis-server``) as broker and 2 Celery workers, each in its own
+process group so a test can lose one (``airflow_settings``).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ _PROFILE = PROFILES["cluster"]
 OBJECTSTORE_URL = dict(_PROFILE.storage_options)["AWS_ENDPOINT_URL"]
 OBJECTSTORE_PORT = int(OBJECTSTORE_URL.rsplit(":", 1)[1])
 BUCKET = _PROFILE.lake.removeprefix("s3://").split("/", 1)[0]
+# Airflow's metadata database and Celery broker (Debian's postgresql and redis-server).
+POSTGRES_PORT, REDIS_PORT = 29432, 29379
 OBJECTSTORE_JVM = ("-Xms32m", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 
@@ -65,7 +71,7 @@ class Component:
     """One process of the cluster: how to start it and where it answers."""
 
     name: str
-    kind: str  # spark-master, spark-worker, kafka, objectstore
+    kind: str  # spark-master, spark-worker, kafka, objectstore, postgres, redis
     cmd: list[str]
     port: int  # where it answers (its health check connects here)
     address: str
@@ -177,18 +183,23 @@ def credentials_file(root: Path) -> Path:
     return root.parent / _PROFILE.object_store_credentials
 
 
-def objectstore_credentials(root: Path) -> dict[str, str]:
-    """The object store's key pair: generated at the first ``up``, owner-only, then kept."""
-    path = credentials_file(root)
+def _generated(path: Path, make) -> dict[str, str]:
+    """Secrets generated once into ``path`` (owner-only), then kept: never in the repo."""
     if path.exists():
         return json.loads(path.read_text())
     path.parent.mkdir(parents=True, exist_ok=True)
-    creds = {"AWS_ACCESS_KEY_ID": f"falkirk-{secrets.token_hex(4)}",
-             "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30)}
+    values = make()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
-        json.dump(creds, out)
-    return creds
+        json.dump(values, out)
+    return values
+
+
+def objectstore_credentials(root: Path) -> dict[str, str]:
+    """The object store's key pair: generated at the first ``up``, owner-only, then kept."""
+    return _generated(credentials_file(root), lambda: {
+        "AWS_ACCESS_KEY_ID": f"falkirk-{secrets.token_hex(4)}",
+        "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30)})
 
 
 def objectstore_component(root: Path) -> Component:
@@ -238,8 +249,101 @@ def _ensure_bucket(root: Path, deadline: float) -> None:
             time.sleep(0.5)
 
 
+def airflow_credentials(root: Path) -> dict[str, str]:
+    """The Airflow metadata database's and the Celery broker's passwords (generated)."""
+    return _generated(root / "airflow" / "credentials.json", lambda: {
+        "postgres_user": "falkirk", "postgres_password": secrets.token_urlsafe(24),
+        "redis_password": secrets.token_urlsafe(24)})
+
+
+def _postgres_bin() -> Path:
+    """Debian's PostgreSQL server programs (``postgresql``: /usr/lib/postgresql/<v>/bin)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
+                   key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit()
+                   else 0)
+    if not found:
+        raise ClusterError("postgres: Debian's postgresql package is not installed "
+                           "(bin/setup installs it)")
+    return found[-1].parent
+
+
+def _as_postgres_owner(cmd: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root: as root, run it as Debian's ``postgres`` user."""
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+def _owned_by_postgres(*paths: Path) -> None:
+    if os.geteuid() == 0:
+        import shutil
+
+        for path in paths:
+            shutil.chown(path, "postgres", "postgres")
+
+
+def postgres_component(root: Path) -> Component:
+    """PostgreSQL for Airflow's metadata (and Celery's results): a cluster of its own under
+    the cluster folder, initialised at the first ``up`` with a generated password,
+    password logins only, listening on loopback."""
+    pg = root / "postgres"
+    data, sockets = pg / "data", pg / "run"
+    creds = airflow_credentials(root)
+    if not (data / "PG_VERSION").exists():
+        import shutil
+        import tempfile
+
+        shutil.rmtree(data, ignore_errors=True)
+        for d in (pg, data, sockets):
+            d.mkdir(parents=True, exist_ok=True)
+        _owned_by_postgres(pg, data, sockets)
+        if os.geteuid() == 0 and subprocess.run(
+                _as_postgres_owner(["test", "-w", str(data)]), timeout=30).returncode != 0:
+            raise ClusterError(
+                f"postgres: Debian's postgres user cannot reach {data} (PostgreSQL refuses "
+                "to run as root, so it runs as that user, which needs search permission on "
+                "every folder above it): chmod o+x them, or set FALKIRK_VAR_DIR elsewhere")
+        with tempfile.NamedTemporaryFile("w", dir=pg, delete=False) as pw:
+            pw.write(creds["postgres_password"] + "\n")
+        _owned_by_postgres(Path(pw.name))
+        try:
+            done = subprocess.run(_as_postgres_owner(
+                [str(_postgres_bin() / "initdb"), "-D", str(data), "-U",
+                 creds["postgres_user"], "--auth=scram-sha-256", f"--pwfile={pw.name}",
+                 "-E", "UTF8", "--no-instructions"]), capture_output=True, text=True,
+                timeout=120)
+        finally:
+            Path(pw.name).unlink(missing_ok=True)
+        if done.returncode != 0:
+            raise ClusterError(f"postgres: initdb failed ({done.returncode}): "
+                               f"{(done.stderr or done.stdout)[-1500:]}")
+    return Component("postgres", "postgres", _as_postgres_owner(
+        [str(_postgres_bin() / "postgres"), "-D", str(data), "-p", str(POSTGRES_PORT),
+         "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={sockets}",
+         # Airflow's scheduler, API server, dag processor and Celery workers each pool
+         # connections; the default 100 is tight for two Airflows on one database server.
+         "-c", "max_connections=300"]),
+        POSTGRES_PORT, f"postgresql://127.0.0.1:{POSTGRES_PORT}")
+
+
+def redis_component(root: Path) -> Component:
+    """Redis as the Celery broker: password from the generated file, in a config file
+    only its owner reads (a command-line password shows in ``ps``)."""
+    folder_ = root / "redis"
+    folder_.mkdir(parents=True, exist_ok=True)
+    conf = folder_ / "redis.conf"
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write("\n".join([
+            "bind 127.0.0.1", f"port {REDIS_PORT}", f"dir {folder_}",
+            f"requirepass {airflow_credentials(root)['redis_password']}",
+            # Queued Celery messages survive a restart of Redis.
+            "appendonly yes", 'save ""', ""]))
+    return Component("redis", "redis", ["redis-server", str(conf)], REDIS_PORT,
+                     f"redis://127.0.0.1:{REDIS_PORT}")
+
+
 def components(root: Path) -> list[Component]:
-    return [*spark_components(root), *kafka_components(root), objectstore_component(root)]
+    return [*spark_components(root), *kafka_components(root), objectstore_component(root),
+            postgres_component(root), redis_component(root)]
 
 
 def _log(root: Path, c: Component) -> Path:
@@ -439,14 +543,69 @@ def engines(servers: str | None = None) -> str:
                      for kind, addrs in by_kind.items())
 
 
+def airflow_settings(home: Path, root: Path | None = None) -> dict[str, str]:
+    """Airflow's settings for the CeleryExecutor on this cluster (``bin/airflow`` under
+    ``FALKIRK_ENV=cluster``): each Airflow home gets its own database in the cluster's
+    PostgreSQL (created empty for a home that has none yet) and its own Celery queue in
+    Redis, so two Airflows on one cluster never take each other's tasks."""
+    import hashlib
+
+    import psycopg2
+
+    root = root or folder()
+    if not any(c["name"] == "postgres" and c["healthy"] for c in status(root)):
+        raise ClusterError("postgres of the local cluster is not up: run bin/cluster up first")
+    creds = airflow_credentials(root)
+    name = "airflow_" + hashlib.sha1(str(home.resolve()).encode()).hexdigest()[:12]
+    marker = home / "cluster-database"
+    conn = psycopg2.connect(host="127.0.0.1", port=POSTGRES_PORT, dbname="postgres",
+                            user=creds["postgres_user"], password=creds["postgres_password"])
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            if not marker.exists() or marker.read_text().strip() != name:
+                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if cur.fetchone() is None:
+                cur.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        conn.close()
+    home.mkdir(parents=True, exist_ok=True)
+    marker.write_text(name + "\n")
+    user, pw = creds["postgres_user"], creds["postgres_password"]
+    db = f"postgresql+psycopg2://{user}:{pw}@127.0.0.1:{POSTGRES_PORT}/{name}"
+    return {
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db,
+        "AIRFLOW__CELERY__BROKER_URL": f"redis://:{creds['redis_password']}@127.0.0.1:"
+                                       f"{REDIS_PORT}/0",
+        "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + db.replace("+psycopg2", ""),
+        "AIRFLOW__OPERATORS__DEFAULT_QUEUE": name,
+    }
+
+
 def status(root: Path | None = None) -> list[dict]:
-    """Each recorded component: name, kind, address, process group, and health (its
-    process group lives and its port answers)."""
+    """Each recorded component: name, kind, address, process group, health (its process
+    group lives and its port answers) and resident memory."""
     out = []
     for c in recorded(root):
         alive = _alive(c["pgid"])
-        out.append({**c, "alive": alive, "healthy": alive and _listening(c["port"])})
+        out.append({**c, "alive": alive, "healthy": alive and _listening(c["port"]),
+                    "rss_mb": _rss_mb(c["pgid"]) if alive else 0})
     return out
+
+
+def _rss_mb(pgid: int) -> int:
+    """Resident memory of a component: the sum over its process group, in MB."""
+    import psutil
+
+    from falkirk.runtime.procs import group_members
+
+    total = 0
+    for pid in group_members(pgid):
+        with contextlib.suppress(psutil.Error):
+            total += psutil.Process(pid).memory_info().rss
+    return total // 2**20
 
 
 def down(root: Path | None = None) -> list[str]:
@@ -477,6 +636,14 @@ def main(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    if args.action == "airflow-env":
+        import shlex
+
+        if not args.home:
+            raise ClusterError("airflow-env needs --home (the Airflow home)")
+        for key, value in airflow_settings(Path(args.home)).items():
+            print(f"export {key}={shlex.quote(value)}")
+        return 0
     console = Console()
     if args.action == "up":
         comps = up(console=console)
@@ -489,10 +656,11 @@ def main(args) -> int:
         print(json.dumps({"folder": str(folder()), "components": comps}, indent=1))
     else:
         table = Table(title=f"local cluster ({folder()})", title_justify="left")
-        for col in ("component", "address", "process group", "health"):
-            table.add_column(col)
+        for col in ("component", "address", "process group", "health", "memory"):
+            table.add_column(col, justify="right" if col == "memory" else "left")
         for c in comps:
             table.add_row(c["name"], c["address"], str(c["pgid"]),
-                          "[green]up[/green]" if c["healthy"] else "[red]down[/red]")
+                          "[green]up[/green]" if c["healthy"] else "[red]down[/red]",
+                          f"{c.get('rss_mb', 0):,} MB")
         console.print(table if comps else "no cluster is up")
     return 0 if all(c["healthy"] for c in comps) else 1

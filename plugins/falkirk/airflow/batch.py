@@ -51,13 +51,27 @@ def epoch_of(pipeline_name: str, data_interval_start: datetime) -> int:
 
 
 def schedule(pipeline_name: str) -> dict[str, Any]:
-    """timetable, start_date and end_date for one run per epoch (FALKIRK_BATCH_EPOCHS of
-    them, default 10): an origin in the past makes catchup run them one after another."""
+    """timetable, start_date and end_date for one run per epoch: epochs
+    FALKIRK_BATCH_FIRST_EPOCH (default 0) to FALKIRK_BATCH_EPOCHS − 1 (default 10); a
+    start in the past makes catchup run them one after another. A later first epoch hands
+    a region to Airflow mid-stream, after its earlier epochs were run another way."""
     pipeline = load_pipeline(pipeline_name)
-    epochs = int(os.environ.get("FALKIRK_BATCH_EPOCHS", DEFAULT_EPOCHS))
+    first, epochs = (_epoch_setting(name, default) for name, default in
+                     (("FALKIRK_BATCH_FIRST_EPOCH", 0), ("FALKIRK_BATCH_EPOCHS", DEFAULT_EPOCHS)))
+    if first >= epochs:
+        raise ValueError(f"FALKIRK_BATCH_FIRST_EPOCH={first} must be below "
+                         f"FALKIRK_BATCH_EPOCHS={epochs}: no epoch would be scheduled")
     start = origin(pipeline)
-    return {"schedule": DeltaDataIntervalTimetable(epoch_length(pipeline)), "start_date": start,
+    return {"schedule": DeltaDataIntervalTimetable(epoch_length(pipeline)),
+            "start_date": start + first * epoch_length(pipeline),
             "end_date": start + epochs * epoch_length(pipeline) - timedelta(seconds=1)}
+
+
+def _epoch_setting(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    if not raw.isdigit():
+        raise ValueError(f"{name}={raw!r} in the environment: must be a whole number ≥ 0")
+    return int(raw)
 
 
 def submit_kwargs(pipeline_name: str, region: str) -> dict[str, Any]:

@@ -63,7 +63,8 @@ BATCH_DOC = """
 One run per epoch. Epochs are event-time windows of the pipeline settings
 (`epoch_seconds`, `origin_ms` in `{source}`): the run whose data interval starts at
 `origin + k × epoch_seconds` computes epoch *k*; catchup runs the epochs one after
-another (`FALKIRK_BATCH_EPOCHS`, default 10, bounds how many).
+another, from `FALKIRK_BATCH_FIRST_EPOCH` (default 0) to `FALKIRK_BATCH_EPOCHS` − 1
+(default 10).
 
 - **{r}**: `spark-submit {job} --pipeline {p} --epoch k` on the `spark_default`
   connection. The job waits for the epoch's inputs (up to 10 minutes) and writes the
