@@ -1,19 +1,20 @@
 """A short fault campaign (CI's variant of ``falkirk chaos``): one run of the reference
 pipeline, jobs, rollbacks and the broker killed at seeded moments, every output compared
-with a failure-free run's, every message on the output topics counted."""
+with a failure-free run's (the session's shared one: the campaign runs on the same
+input), every message on the output topics counted."""
 
 from __future__ import annotations
 
 import pytest
+from reference_runs import INPUT
 
 from falkirk_dev.chaos import campaign
-from falkirk_dev.trials import input_of
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_short_campaign_loses_duplicates_and_sticks_nothing(tmp_path):
-    result = campaign(tmp_path, minutes=1.5, seed=2, data=input_of(1500, 6), say=print)
+def test_a_short_campaign_loses_duplicates_and_sticks_nothing(golden, tmp_path):
+    result = campaign(tmp_path, minutes=1.5, seed=2, data=INPUT, say=print, golden=golden)
     assert result["kills"] >= 1, result["events"]
     assert result["rollbacks"] >= 1 or set(result["kills_by_target"]) == {"broker"}
     summary = {k: result[k] for k in ("lost", "duplicated", "stuck", "changed_on_resend",

@@ -1,10 +1,11 @@
 """The reference pipeline on the real broker and Spark, with failures and rollbacks.
 
-A golden failure-free run; then, for each region, its job is killed with SIGKILL in the
-middle of an epoch, the rollback executor plans from the epoch log and restores, the
-stopped jobs restart from their frontiers, and the pipeline finishes: every output table
-and the latest response per query id equal the golden run's (nothing lost, nothing
-doubled). One more run kills the rollback itself half-way and runs it again.
+A golden failure-free run; then a region's job is killed with SIGKILL in the middle of
+an epoch (the batch region, the lazy one before and after its first checkpoint), the
+rollback executor plans from the epoch log and restores, the stopped jobs restart from
+their frontiers, and the pipeline finishes: every output table and the latest response
+per query id equal the golden run's (nothing lost, nothing doubled). One more run kills
+the rollback itself half-way and runs it again.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ def assert_resent_with_a_newer_generation(sent, plan):
 
 
 
-# One kill per region (each case is a whole run, ~2.5 min of CI): the lazy region killed
-# after its first checkpoint (communities mid-epoch 3) is the kill of the two tests below,
-# the rollback crashed half-way and the rollback DAG.
+# Each case is a whole run (~3-4 min of CI), so the kills are spread over the suite: here
+# the batch region and the lazy one before its first checkpoint; the lazy region after it
+# (communities mid-epoch 3) is the kill of the two tests below (the rollback crashed
+# half-way, the rollback DAG); ingest's job and serve's job (serve+stats) are killed by
+# tests/test_trials.py (before ingest's commit, mid-checkpoint of stats, both compared
+# with a failure-free run the same way) and at random by tests/test_chaos.py.
 @pytest.mark.parametrize("region, epoch", [
-    ("ingest", 2), ("popularity", 2), ("communities", 1), ("serve", 2),
+    ("popularity", 2), ("communities", 1),
 ], ids=lambda v: str(v))
 def test_kill_a_region_mid_epoch_then_roll_back(golden, tmp_path, region, epoch):
     outputs, plan, sent = run_pipeline(tmp_path, kill=(region, epoch))
@@ -60,7 +64,7 @@ def test_kill_a_region_mid_epoch_then_roll_back(golden, tmp_path, region, epoch)
         else:
             assert moved <= {"communities", "stats"}, plan.frontiers
     else:
-        assert moved <= {region, "stats"} | ({"serve"} if region == "serve" else set())
+        assert moved <= {region, "stats"}, plan.frontiers
 
 
 def test_a_broker_crashed_mid_run_loses_nothing(golden, tmp_path):

@@ -132,13 +132,14 @@ def test_trials_lose_and_duplicate_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_kill_in_epoch_0_recovers_to_the_failure_free_outputs(reference, tmp_path):
+def test_a_kill_in_epoch_0_recovers_to_the_failure_free_outputs(reference, golden, tmp_path):
     """Found by a 20-trial run: communities killed in the middle of epoch 0, before its
-    writer had created user_community, made the rollback fail on the missing table."""
-    data = trials.input_of(600, 3)
-    golden = trials.golden_run(tmp_path / "golden", data)
+    writer had created user_community, made the rollback fail on the missing table. (On
+    the input of the session's shared failure-free run, compared with it.)"""
+    from reference_runs import INPUT
+
     trial = trials.plan_trial(reference, 1, "communities", "mid-epoch", 0)
-    r = trials.run_trial(trial, tmp_path / "trial", data, golden, lambda _msg: None)
+    r = trials.run_trial(trial, tmp_path / "trial", INPUT, golden, lambda _msg: None)
     assert r["ok"] and not r.get("error"), r
     assert r["killed_in_epoch"] == 0 and r["died_by"] == "SIGKILL", r
     assert r["lost"] == 0 and r["duplicated"] == 0, r

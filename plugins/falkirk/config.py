@@ -110,7 +110,12 @@ class Config:
                # Hadoop retries a failed call 7 times 0.5 s apart: a store away for
                # longer (a restart, a network blip) failed the job. 2 minutes, as delta-rs
                # gets (OBJECT_STORE_RETRIES).
-               "fs.s3a.retry.limit": "40", "fs.s3a.retry.interval": "3s"}
+               "fs.s3a.retry.limit": "40", "fs.s3a.retry.interval": "3s",
+               # Hadoop 3.5 reads through the analytics accelerator by default, whose
+               # GETs retry only in the AWS SDK (6 attempts in ~1 s) and not by the limit
+               # above: a Delta streaming source failed during a store restart. The
+               # classic stream's reads go through s3a's retry policy (Flink pins it too).
+               "fs.s3a.input.stream.type": "classic"}
         if "AWS_ENDPOINT_URL" in opts:  # an S3-compatible store: buckets are not host names
             out["fs.s3a.endpoint"] = opts["AWS_ENDPOINT_URL"]
             out["fs.s3a.path.style.access"] = "true"

@@ -249,22 +249,26 @@ def _parts_median(kills: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
-             say: Callable[[str], None]) -> dict[str, Any]:
-    """Run the campaign; its figures (see the module docstring)."""
+             say: Callable[[str], None],
+             golden: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the campaign; its figures (see the module docstring). ``golden``: the
+    failure-free run's outputs of the same input when the caller has them already (the
+    tests share one), else the campaign makes that run first."""
     from falkirk.local.broker import LocalBroker
     from falkirk_dev.harness import LocalRun, compare
 
     t0 = time.monotonic()
     last = data["epochs"] - 1
-    with LocalRun(workdir / "golden") as run:
-        run.generate(**data)
-        run.start(until_epoch=last)
-        codes = run.wait(timeout_s=3600)
-        if set(codes.values()) != {0}:
-            raise RuntimeError(f"the failure-free run failed: {codes}")
-        golden = run.outputs()
-    say(f"failure-free run done in {time.monotonic() - t0:.0f} s")
-    shutil.rmtree(workdir / "golden", ignore_errors=True)
+    if golden is None:
+        with LocalRun(workdir / "golden") as run:
+            run.generate(**data)
+            run.start(until_epoch=last)
+            codes = run.wait(timeout_s=3600)
+            if set(codes.values()) != {0}:
+                raise RuntimeError(f"the failure-free run failed: {codes}")
+            golden = run.outputs()
+        say(f"failure-free run done in {time.monotonic() - t0:.0f} s")
+        shutil.rmtree(workdir / "golden", ignore_errors=True)
 
     rng = random.Random(seed)
     t_start = time.monotonic()
