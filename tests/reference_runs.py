@@ -37,6 +37,10 @@ def run_pipeline(root, kill=None, crash_rollback=False, crash_broker=None):
             restorable_before = {
                 r: [row.time for row in log.restorable(run.pipeline.regions[r].regime)]
                 for r, log in run.log.regions(run.pipeline).items()}
+            # Nothing failed before the kill (a broker crash must not fail a job): the
+            # restart after the rollback would start a failed job again and hide it.
+            ended = {j: p.poll() for j, p in run.procs.items() if p.poll() not in (None, 0)}
+            assert not ended, {j: (c, str(run.log_file(j))) for j, c in ended.items()}
             run.kill(run.pipeline.regions[region].job)
             if crash_rollback:
                 crashed = subprocess.run(
