@@ -1,5 +1,6 @@
 """``falkirk trials``: picking trials (fast), crash points that count, and a small real run
-(slow: a failure-free run and two trials, each a whole pipeline on its own broker)."""
+(slow: a failure-free run and a trial, and a kill in epoch 0, each a whole pipeline on
+its own broker)."""
 
 from __future__ import annotations
 
@@ -109,13 +110,17 @@ def test_a_crash_point_with_a_count_fires_the_nth_time_it_is_reached():
 @pytest.mark.slow
 def test_trials_lose_and_duplicate_nothing(tmp_path):
     out = tmp_path / "trials.json"
-    code = trials.main(Namespace(trials=2, seed=SEED, events=600, epochs=EPOCHS,
+    # One trial (a whole failure-free run and a trial cost ~11 min of CI for two): the
+    # seed's first pick, a crash point in stats' checkpoint. A kill before a commit is
+    # tested at the writer (tests/test_delta.py) and in the campaign (tests/test_chaos.py).
+    code = trials.main(Namespace(trials=1, seed=SEED, events=600, epochs=EPOCHS,
                                  json=str(out), workdir=str(tmp_path / "work")))
     report = json.loads(out.read_text())
     assert code == 0, json.dumps(report, indent=1)
     assert report["seed"] == SEED and report["input"]["epochs"] == EPOCHS
-    assert report["planned"] == 2  # written after each trial too, with how many were asked
-    assert {t["phase"] for t in report["trials"]} == {"mid-checkpoint", "before-commit"}
+    assert report["planned"] == 1  # written after each trial too, with how many were asked
+    assert [(t["phase"], t["region"]) for t in report["trials"]] == [("mid-checkpoint",
+                                                                      "stats")]
     for t in report["trials"]:
         assert t["ok"] and not t.get("error"), t
         assert t["lost"] == 0 and t["duplicated"] == 0 and t["tables_differ"] == [], t
@@ -127,7 +132,7 @@ def test_trials_lose_and_duplicate_nothing(tmp_path):
         assert 0 < t["recover_s"] <= t["redone_s"] <= t["finish_s"], t
         assert t["sandbox"] is None  # removed: nothing to look at
     totals = report["totals"]
-    assert totals["ok"] == totals["trials"] == 2
+    assert totals["ok"] == totals["trials"] == 1
     assert totals["lost"] == totals["duplicated"] == 0 and totals["tables_differ"] == []
 
 
