@@ -11,6 +11,7 @@ import sys
 from falkirk.local.broker import LocalBroker
 from falkirk.model.times import EpochRange, EpochRanges, Offsets
 from falkirk_dev.harness import LocalRun, compare
+from falkirk_dev.trials import _failed_jobs
 
 EPOCHS = 5
 INPUT = {"events": 1500, "queries": 150, "epochs": EPOCHS, "seed": 3}
@@ -39,7 +40,7 @@ def run_pipeline(root, kill=None, crash_rollback=False, crash_broker=None):
                 for r, log in run.log.regions(run.pipeline).items()}
             # Nothing failed before the kill (a broker crash must not fail a job): the
             # restart after the rollback would start a failed job again and hide it.
-            ended = {j: p.poll() for j, p in run.procs.items() if p.poll() not in (None, 0)}
+            ended = _failed_jobs(run)
             assert not ended, {j: (c, str(run.log_file(j))) for j, c in ended.items()}
             run.kill(run.pipeline.regions[region].job)
             if crash_rollback:

@@ -11,6 +11,7 @@ import sys
 from argparse import Namespace
 
 import pytest
+from reference_runs import INPUT
 
 from falkirk import faults
 from falkirk.model.topology import load_pipeline
@@ -141,8 +142,6 @@ def test_a_kill_in_epoch_0_recovers_to_the_failure_free_outputs(reference, golde
     """Found by a 20-trial run: communities killed in the middle of epoch 0, before its
     writer had created user_community, made the rollback fail on the missing table. (On
     the input of the session's shared failure-free run, compared with it.)"""
-    from reference_runs import INPUT
-
     trial = trials.plan_trial(reference, 1, "communities", "mid-epoch", 0)
     r = trials.run_trial(trial, tmp_path / "trial", INPUT, golden, lambda _msg: None)
     assert r["ok"] and not r.get("error"), r

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from falkirk.faults import ENV as CRASH_ENV
-from falkirk_dev.trials import _failed_jobs, died_by, input_of, job_regions
+from falkirk_dev.trials import _failed_jobs, died_by, golden_run, input_of, job_regions
 
 TARGETS = ("job", "rollback", "commit", "checkpoint", "broker")
 ROLLBACK_POINTS = ("rollback:before-stop", "rollback:after-first-table")
@@ -260,13 +260,7 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
     t0 = time.monotonic()
     last = data["epochs"] - 1
     if golden is None:
-        with LocalRun(workdir / "golden") as run:
-            run.generate(**data)
-            run.start(until_epoch=last)
-            codes = run.wait(timeout_s=3600)
-            if set(codes.values()) != {0}:
-                raise RuntimeError(f"the failure-free run failed: {codes}")
-            golden = run.outputs()
+        golden = golden_run(workdir / "golden", data, timeout_s=3600)
         say(f"failure-free run done in {time.monotonic() - t0:.0f} s")
         shutil.rmtree(workdir / "golden", ignore_errors=True)
 
