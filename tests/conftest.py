@@ -13,6 +13,33 @@ import pytest
 from falkirk.config import REPO_ROOT
 
 
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="also run the tests marked full (long runs CI leaves out)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked ``full`` run only with --full: each is a long run whose parts are
+    also tested, more cheaply, in the default run (the mark's reason says where). They are
+    deselected by name, and the summary lists them, never silently."""
+    if config.getoption("--full"):
+        return
+    left_out = [item for item in items if item.get_closest_marker("full")]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker("full")]
+        config._falkirk_left_out = left_out
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left_out = getattr(config, "_falkirk_left_out", [])
+    if left_out:
+        terminalreporter.section("left out of this run (bin/test --full runs them)")
+        for item in left_out:
+            why = item.get_closest_marker("full").kwargs.get("reason", "")
+            terminalreporter.write_line(f"{item.nodeid}: {why}")
+
+
 @pytest.fixture(scope="module")
 def spark():
     """A local[2] Spark session, reused by every test of a module (cold start 5–8 s)."""
@@ -101,16 +128,25 @@ def rollback_dag(airflow_env):
 
 
 @pytest.fixture(scope="session")
-def golden(tmp_path_factory):
-    """The reference pipeline's failure-free run on the embedded defaults (reference_runs):
-    what every run with faults must end equal to, computed once per session."""
-    from reference_runs import run_pipeline
+def reference_run(tmp_path_factory):
+    """The reference pipeline's failure-free run on the embedded defaults, validated as it
+    runs (reference_runs.held_run), made once per session; its broker stays up. Its
+    outputs are ``golden``; tests/test_checks.py checks, breaks and reruns its epochs
+    (after the other tests took ``golden``, which it does not change)."""
+    from reference_runs import held_run
 
-    outputs, _, sent = run_pipeline(tmp_path_factory.mktemp("golden"))
+    with held_run(tmp_path_factory.mktemp("golden")) as run:
+        yield run
+
+
+@pytest.fixture(scope="session")
+def golden(reference_run):
+    """What every run with faults must end equal to: the failure-free run's outputs."""
+    outputs, sent = reference_run.golden, reference_run.golden_sent
     # Without a failure every answer is sent once, in generation 0.
     assert sent["responses"]["resent"] == 0 and sent["responses"]["messages"] > 0
     # The run did real work: every output has rows (dead letters too: 1% malformed).
     for name in ("purchases", "interactions", "item_popularity", "user_community",
                  "query_stats", "dead_letters", "topic:responses"):
         assert outputs[name], name
-    return outputs
+    return dict(outputs)

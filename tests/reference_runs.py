@@ -1,20 +1,50 @@
 """Runs of the reference pipeline for the tests that compare a run with faults against a
-failure-free one (``golden`` in conftest): the input, the run with kills, the checks."""
+failure-free one (``golden`` in conftest): the input, the failure-free run, the run with
+kills, the checks."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 
 from falkirk.local.broker import LocalBroker
 from falkirk.model.times import EpochRange, EpochRanges, Offsets
 from falkirk_dev.harness import LocalRun, compare
-from falkirk_dev.trials import _failed_jobs
 
 EPOCHS = 5
 INPUT = {"events": 1500, "queries": 150, "epochs": EPOCHS, "seed": 3}
+
+
+@contextmanager
+def held_run(root):
+    """The failure-free run every other run is compared with, with ``settings.checks.hold``
+    (the validator runs beside the jobs; receivers read only epochs whose checks passed:
+    the outputs are those of the pipeline as declared). Its broker stays up while the
+    context is open, so tests/test_checks.py can break, roll back and rerun its epochs.
+    Yields the run, its outputs in ``run.golden`` and its output topics counted in
+    ``run.golden_sent``."""
+    import yaml
+
+    from falkirk.model.topology import declared
+
+    app = shutil.copytree(declared()["reference"].parent, root / "reference-held",
+                          ignore=shutil.ignore_patterns("__pycache__"))
+    held = app / "pipeline.yaml"
+    declaration = yaml.safe_load(held.read_text())
+    declaration["settings"]["checks"] = {"hold": True}
+    held.write_text(yaml.safe_dump(declaration))
+    with LocalBroker(root / "broker") as b, LocalRun(root, pipeline=str(held), broker=b) as run:
+        run.generate(**INPUT)
+        run.start(until_epoch=EPOCHS - 1)
+        codes = run.wait(timeout_s=1500)
+        assert set(codes.values()) == {0}, {j: str(run.log_file(j)) for j in codes}
+        assert_ranges_tile_the_input(run)
+        run.golden, run.golden_sent = run.outputs(), run.sent()
+        yield run
 
 
 def run_pipeline(root, kill=None, crash_rollback=False, crash_broker=None):
@@ -40,7 +70,7 @@ def run_pipeline(root, kill=None, crash_rollback=False, crash_broker=None):
                 for r, log in run.log.regions(run.pipeline).items()}
             # Nothing failed before the kill (a broker crash must not fail a job): the
             # restart after the rollback would start a failed job again and hide it.
-            ended = _failed_jobs(run)
+            ended = run.failed_jobs()
             assert not ended, {j: (c, str(run.log_file(j))) for j, c in ended.items()}
             run.kill(run.pipeline.regions[region].job)
             if crash_rollback:

@@ -10,14 +10,11 @@ from dataclasses import replace
 
 import pyarrow as pa
 import pytest
+from reference_runs import EPOCHS
 
 from falkirk.log.epochlog import EpochRecord
 from falkirk.model.topology import Pipeline, load_pipeline
 from falkirk.quality.checks import CheckError, Validator, load_suite
-
-EPOCHS = 5
-INPUT = {"events": 1500, "queries": 150, "epochs": EPOCHS, "seed": 3}
-
 
 # ---- suite files (no Spark) -------------------------------------------------------------
 
@@ -134,31 +131,11 @@ def test_on_failure_rollback_asks_the_rollback_dag_for_the_last_good_epoch(world
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """A failure-free reference run whose broker stays up for the module, with
-    ``settings.checks.hold``: the validator runs beside the jobs and receivers read only
-    epochs whose checks passed."""
-    import shutil
-
-    import yaml
-
-    from falkirk.model.topology import declared
-    from falkirk_dev.harness import LocalRun
-
-    root = tmp_path_factory.mktemp("checks")
-    app = shutil.copytree(declared()["reference"].parent, root / "reference-held",
-                          ignore=shutil.ignore_patterns("__pycache__"))
-    held = app / "pipeline.yaml"
-    declaration = yaml.safe_load(held.read_text())
-    declaration["settings"]["checks"] = {"hold": True}
-    held.write_text(yaml.safe_dump(declaration))
-    with LocalRun(root, pipeline=str(held)) as run:
-        run.generate(**INPUT)
-        run.start(until_epoch=EPOCHS - 1)
-        codes = run.wait(timeout_s=1500)
-        assert set(codes.values()) == {0}, {j: str(run.log_file(j)) for j in codes}
-        run.golden = run.outputs()
-        yield run
+def reference(reference_run):
+    """The session's failure-free reference run (conftest), whose broker is still up, run
+    with ``settings.checks.hold``: the validator ran beside the jobs and receivers read only
+    epochs whose checks passed. ``run.golden``: its outputs."""
+    return reference_run
 
 
 @pytest.fixture(scope="module")

@@ -257,6 +257,12 @@ def test_airflow_on_the_cluster_profile_refuses_to_start_without_the_cluster(env
     assert not (home / "airflow.pid").exists() and not list(home.glob("celery-worker-*"))
 
 
+@pytest.mark.full(reason=(
+    "the whole reference pipeline on the cluster, then Airflow with Celery: ~18 min on a slow "
+    "CI machine. The default run has its infrastructure faults on the cluster (a lost "
+    "broker, a killed Spark worker, the object store restarted under a read and a commit: "
+    "test_cluster_up_runs_spark_on_the_workers_survives_a_lost_broker_and_down_ends_it) "
+    "and the generated DAGs running a pipeline under Airflow (tests/test_init.py)"))
 def test_the_reference_pipeline_under_airflow_with_celery_rides_out_infrastructure_faults(
         env, golden, tmp_path, monkeypatch):
     """Infrastructure faults are the engines' to absorb, not falkirk's. The reference

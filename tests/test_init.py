@@ -110,7 +110,7 @@ def test_run_commits_every_epoch_and_dead_letters_malformed_records(clicks):
     folder, out = clicks
     for region, regime in (("clean", "ephemeral"), ("page_counts", "batch"),
                            ("user_totals", "eager")):
-        assert f"region {region:16} {regime:9} epochs committed: 6" in out, out
+        assert f"region {region:16} {regime:9} epochs committed: 4" in out, out
     got = rows(folder / ".falkirk" / "run" / "lake")
     reasons = sorted(json.loads(r)["reason"] for r in got["clicks_dead_letters"])
     assert len(reasons) == 3, reasons
@@ -255,9 +255,9 @@ def test_airflow_runs_the_new_pipeline_with_its_generated_dags(clicks, tmp_path)
     bin_airflow = str(REPO_ROOT / "bin" / "airflow")
     dags = ("falkirk_clicks_streams", "falkirk_clicks_batch_page_counts")
     with LocalRun(tmp_path / "run", folder / "pipeline.yaml") as run:
-        run.produce_files(folder / "input")  # and the bound: the jobs end after epoch 5
+        run.produce_files(folder / "input")  # and the bound: the jobs end after epoch 3
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-        env.update(run.env, FALKIRK_AIRFLOW_HOME=str(home), FALKIRK_BATCH_EPOCHS="6",
+        env.update(run.env, FALKIRK_AIRFLOW_HOME=str(home), FALKIRK_BATCH_EPOCHS="4",
                    FALKIRK_PIPELINES=str(folder.parent))
         port = _free_port_block()
         try:
@@ -278,11 +278,11 @@ def test_airflow_runs_the_new_pipeline_with_its_generated_dags(clicks, tmp_path)
             def batch_states() -> list[str]:
                 return [r["state"] for r in api.runs("falkirk_clicks_batch_page_counts")]
 
-            run.wait_for(lambda: set(committed().values()) == {6}, timeout_s=900,
-                         what="every region's 6 epochs under Airflow")
-            run.wait_for(lambda: batch_states() == ["success"] * 6 or "failed" in
-                         batch_states(), timeout_s=300, what="the 6 batch runs to end")
-            assert batch_states() == ["success"] * 6, api.runs("falkirk_clicks_batch_page_counts")
+            run.wait_for(lambda: set(committed().values()) == {4}, timeout_s=900,
+                         what="every region's 4 epochs under Airflow")
+            run.wait_for(lambda: batch_states() == ["success"] * 4 or "failed" in
+                         batch_states(), timeout_s=300, what="the 4 batch runs to end")
+            assert batch_states() == ["success"] * 4, api.runs("falkirk_clicks_batch_page_counts")
             assert api.runs("falkirk_clicks_streams"), "the streams DAG never ran"
         finally:
             subprocess.run([bin_airflow, "stop"], env=env, timeout=120, capture_output=True)

@@ -35,13 +35,18 @@ def assert_resent_with_a_newer_generation(sent, plan):
 
 
 
-# Each kill here is a whole run (~3-4 min of CI), so the kills are spread over the suite:
-# here the batch region, after the broker was lost; the lazy region after its first
-# checkpoint (communities mid-epoch 3) is the kill of the two tests below (the rollback
-# crashed half-way, the rollback DAG), and before it (mid-epoch 0) the kill of
-# tests/test_trials.py's epoch-0 trial; ingest's job and serve's job (serve+stats) are
-# killed by the trials of tests/test_trials.py (before ingest's commit, mid-checkpoint of
-# stats) and at random by tests/test_chaos.py, each compared with a failure-free run.
+# Each kill here is a whole run (~3-4.5 min of CI), so the kills are spread over the suite:
+# the broker and then the lazy region after its first checkpoint (communities mid-epoch 3)
+# in the rollback DAG's run below; the batch region after a lost broker and a rollback
+# crashed half-way in bin/test --full; communities before its checkpoint (mid-epoch 0) in
+# tests/test_trials.py's trial; popularity's rerun after a quarantined epoch in
+# tests/test_checks.py; jobs at random in tests/test_chaos.py; each compared with a
+# failure-free run.
+@pytest.mark.full(reason=(
+    "a whole run (~4.5 min on a slow CI machine); in the default run the broker is "
+    "SIGKILLed under the pipeline before the rollback DAG's kill below, the campaign "
+    "(tests/test_chaos.py) kills jobs at random, and tests/test_checks.py rolls popularity "
+    "back and reruns it"))
 def test_a_broker_lost_then_the_batch_region_killed_mid_epoch_then_roll_back(golden,
                                                                             tmp_path):
     """Apache Kafka is SIGKILLed while ingest is in epoch 1 and started again on the same
@@ -61,6 +66,11 @@ def test_a_broker_lost_then_the_batch_region_killed_mid_epoch_then_roll_back(gol
     assert moved <= {"popularity", "stats"}, plan.frontiers
 
 
+@pytest.mark.full(reason=(
+    "a whole run (~4.5 min on a slow CI machine); the default run kills a rollback at the same "
+    "point and runs it again on the small world (tests/test_rollback.py::"
+    "test_a_crashed_rollback_is_resumed_to_the_same_end_state), and kills communities "
+    "after its checkpoint in the rollback DAG's run below"))
 def test_a_rollback_killed_half_way_and_run_again_ends_in_the_same_state(golden, tmp_path):
     outputs, plan, sent = run_pipeline(tmp_path, kill=("communities", 3), crash_rollback=True)
     assert plan.frontiers["communities"] == [2, "inf"]
@@ -70,9 +80,12 @@ def test_a_rollback_killed_half_way_and_run_again_ends_in_the_same_state(golden,
 
 def test_the_rollback_dag_after_a_killed_region_ends_like_the_failure_free_run(
         golden, tmp_path, monkeypatch, rollback_dag):
-    """What an operator does from the UI, run with Airflow's own test runner: communities is
-    killed mid-epoch; a falkirk_reference_rollback run (dry_run false) plans, pauses the affected
-    streams, rolls back, restarts them and validates; the pipeline then finishes."""
+    """What an operator does from the UI, run with Airflow's own test runner, after the
+    broker was SIGKILLed while ingest was in epoch 1 and started again on the same ports
+    (the jobs ride it out: their broker questions are retried, the connector's reads and
+    acks=all sends wait for it; no job may fail of it): communities is killed mid-epoch;
+    a falkirk_reference_rollback run (dry_run false) plans, pauses the affected streams,
+    rolls back, restarts them and validates; the pipeline then finishes."""
     import time
 
     from falkirk.runtime import procs
@@ -81,8 +94,13 @@ def test_the_rollback_dag_after_a_killed_region_ends_like_the_failure_free_run(
             monkeypatch.setenv(key, value)
         run.generate(**INPUT)
         run.start(until_epoch=EPOCHS - 1)
+        run.wait_for(lambda: run.epoch_running("ingest", 1), timeout_s=900,
+                     what="ingest in the middle of epoch 1")
+        b.restart(crash=True)  # the jobs ride it out: none may fail of it
         run.wait_for(lambda: run.epoch_running("communities", 3), timeout_s=900,
                      what="communities in the middle of epoch 3")
+        ended = run.failed_jobs()
+        assert not ended, {j: (c, str(run.log_file(j))) for j, c in ended.items()}
         run.kill("jobs/communities.py")
         dagrun = rollback_dag.test(run_conf={
             "pipeline": "reference", "failed_regions": ["communities"], "dry_run": False,

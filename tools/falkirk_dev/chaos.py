@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from falkirk.faults import ENV as CRASH_ENV
-from falkirk_dev.trials import _failed_jobs, died_by, golden_run, input_of, job_regions
+from falkirk_dev.trials import died_by, golden_run, input_of, job_regions
 
 TARGETS = ("job", "rollback", "commit", "checkpoint", "broker")
 ROLLBACK_POINTS = ("rollback:before-stop", "rollback:after-first-table")
@@ -91,7 +91,7 @@ class Campaign:
         """Wait a random moment, then break something (the target drawn from the seed)."""
         deadline = time.monotonic() + self.rng.uniform(1.0, 8.0)
         while time.monotonic() < deadline:
-            if _failed_jobs(self.run) or _all_done(self.run):
+            if self.run.failed_jobs() or _all_done(self.run):
                 return  # something died by itself meanwhile (an armed crash point)
             time.sleep(POLL_S)
         running = sorted(j for j, p in self.run.procs.items() if p.poll() is None)
@@ -134,7 +134,7 @@ class Campaign:
         """What the supervisor does after a death: roll back the dead jobs' regions as
         failed, restart the dead and stopped jobs (those in ``arm`` with that crash point),
         and time it to the next commit."""
-        dead = _failed_jobs(self.run)
+        dead = self.run.failed_jobs()
         if not dead:
             return
         t_detect = time.monotonic()
@@ -221,7 +221,7 @@ class Campaign:
             if back >= affected:
                 now = time.monotonic()
                 return now, started if started is not None else now
-            if _failed_jobs(self.run):
+            if self.run.failed_jobs():
                 return None, started
             time.sleep(POLL_S)
         self.stuck += 1
@@ -234,7 +234,7 @@ class Campaign:
         deadline = time.monotonic() + RECOVERY_TIMEOUT_S
         while time.monotonic() < deadline:
             if (len(self.run.log.records(self.run.pipeline.name)) > before
-                    or _all_done(self.run) or _failed_jobs(self.run)):
+                    or _all_done(self.run) or self.run.failed_jobs()):
                 self.kills[-1]["recovery_s"] = round(time.monotonic() - t_kill, 2)
                 return
             time.sleep(POLL_S)
@@ -273,13 +273,13 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
         c = Campaign(run, broker, rng, say)
         end = t_start + minutes * 60
         while time.monotonic() < end and not _all_done(run):
-            if _failed_jobs(run):
+            if run.failed_jobs():
                 c.recover()
             else:
                 c.strike()
         say("no more faults: running to the end of the input")
         while not _all_done(run):  # a death between the last strike and now
-            if _failed_jobs(run):
+            if run.failed_jobs():
                 c.recover()
                 continue
             if time.monotonic() > end + 3600:

@@ -201,11 +201,6 @@ def died_by(code: int | None) -> str:
     return f"exit {code}"
 
 
-def _failed_jobs(run, allowed: set[str] = frozenset()) -> dict[str, int]:
-    return {job: proc.returncode for job, proc in run.procs.items()
-            if job not in allowed and proc.poll() not in (None, 0)}
-
-
 def _wait(run, predicate: Callable[[], bool], what: str, timeout_s: float,
           allowed: set[str] = frozenset()) -> None:
     """Poll ``predicate``; fail if a job (other than ``allowed``) dies meanwhile."""
@@ -213,7 +208,7 @@ def _wait(run, predicate: Callable[[], bool], what: str, timeout_s: float,
     while time.monotonic() < deadline:
         if predicate():
             return
-        bad = _failed_jobs(run, allowed)
+        bad = run.failed_jobs(allowed)
         if bad:
             job, code = next(iter(bad.items()))
             raise TrialError(f"job {job} ended ({died_by(code)}) while waiting for {what}; "
@@ -292,7 +287,7 @@ def kill_and_recover(run, trial: Trial, data: dict[str, int],
         say(f"killed {trial.job} (SIGKILL) in the middle of {trial.region}'s epoch {seen[-1]}")
 
     # 2. The supervisor's sensor: which jobs died.
-    dead = _failed_jobs(run)
+    dead = run.failed_jobs()
     out["exit_codes"] = dead
     out["died_by"] = died_by(dead.get(trial.job))
     failed = sorted({r for job in dead for r in job_regions(run.pipeline, job)})
@@ -472,8 +467,10 @@ def write_json(path: Path, results: list[dict[str, Any]], t0: float, seed: int,
     return path
 
 
-def main(args: Namespace) -> int:
-    """Run the trials; 0 when every trial lost and duplicated nothing, else 1."""
+def main(args: Namespace, golden: dict[str, Any] | None = None) -> int:
+    """Run the trials; 0 when every trial lost and duplicated nothing, else 1. ``golden``:
+    the failure-free run's outputs of the same input when the caller has them already (the
+    tests share one), else the trials make that run first."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -497,15 +494,16 @@ def main(args: Namespace) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task("failure-free run", total=n + 1)
-        try:
-            golden = golden_run(workdir / "golden", data)
-        except Exception as exc:
-            progress.console.print(f"[red]the failure-free run failed: {exc}; "
-                                   f"its sandbox: {workdir / 'golden'}")
-            return 1
-        shutil.rmtree(workdir / "golden", ignore_errors=True)
-        progress.console.log(f"failure-free run done: {len(golden)} outputs, "
-                             f"{sum(len(v) for v in golden.values())} rows")
+        if golden is None:
+            try:
+                golden = golden_run(workdir / "golden", data)
+            except Exception as exc:
+                progress.console.print(f"[red]the failure-free run failed: {exc}; "
+                                       f"its sandbox: {workdir / 'golden'}")
+                return 1
+            shutil.rmtree(workdir / "golden", ignore_errors=True)
+            progress.console.log(f"failure-free run done: {len(golden)} outputs, "
+                                 f"{sum(len(v) for v in golden.values())} rows")
         progress.advance(task)
         for trial in trials:
             label = f"trial {trial.index}/{n}: {trial.phase} {trial.region} epoch {trial.epoch}"

@@ -172,12 +172,16 @@ class LocalRun:
         while time.monotonic() < deadline:
             if predicate():
                 return
-            for job, proc in self.procs.items():
-                if proc.poll() not in (None, 0):
-                    raise LocalRunError(f"job {job} failed (exit {proc.returncode}) while "
-                                       f"waiting for {what}; see {self.log_file(job)}")
+            for job, code in self.failed_jobs().items():
+                raise LocalRunError(f"job {job} failed (exit {code}) while waiting for "
+                                    f"{what}; see {self.log_file(job)}")
             time.sleep(0.3)
         raise LocalRunError(f"timed out waiting for {what}")
+
+    def failed_jobs(self, allowed: set[str] = frozenset()) -> dict[str, int]:
+        """Jobs (but ``allowed``) that ended with a non-zero code, killed ones included."""
+        return {job: proc.returncode for job, proc in self.procs.items()
+                if job not in allowed and proc.poll() not in (None, 0)}
 
     def epoch_running(self, region: str, epoch: int) -> bool:
         """The region has started ``epoch`` and not finished it (a mid-epoch moment)."""
