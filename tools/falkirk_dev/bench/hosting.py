@@ -60,7 +60,7 @@ def one_application(run, lake: Path, last: int) -> float:
 def main(args: Namespace) -> dict:
     from rich.console import Console
 
-    from falkirk_dev.bench.scale_bench import RssSampler
+    from falkirk_dev.bench.memory import RssSampler
     from falkirk_dev.harness import LocalRun
 
     console = Console()

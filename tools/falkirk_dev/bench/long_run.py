@@ -58,8 +58,8 @@ def main(args: Namespace) -> dict:
     from rich.console import Console
 
     from falkirk.io.spark import session
+    from falkirk_dev.bench.memory import RssSampler
     from falkirk_dev.bench.regimes_bench import run_once
-    from falkirk_dev.bench.scale_bench import RssSampler
     from falkirk_dev.harness import LocalRun
     from falkirk_dev.plot import lines_svg, stack_svg
 
