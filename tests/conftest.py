@@ -3,6 +3,7 @@ home (set before Airflow is first imported) and a freshly parsed rollback DAG.""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -11,6 +12,11 @@ from pathlib import Path
 import pytest
 
 from falkirk.config import REPO_ROOT
+
+# py4j says "Closing down clientserver connection" from __del__ at exit, through a handler
+# a test's in-process CLI set up on a captured stream pytest has closed by then: a
+# "--- Logging error ---" trace after the summary, not a failure. Its warnings still show.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def pytest_addoption(parser):

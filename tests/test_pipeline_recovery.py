@@ -5,7 +5,8 @@ an epoch (the batch region after a lost broker, the lazy one after its first che
 the rollback executor plans from the epoch log and restores, the stopped jobs restart from
 their frontiers, and the pipeline finishes: every output table and the latest response
 per query id equal the golden run's (nothing lost, nothing doubled). One more run kills
-the rollback itself half-way and runs it again.
+the rollback itself half-way and runs it again. The default run (CI's) makes one of these
+runs, the rollback DAG's; bin/test --full makes the other two.
 """
 
 from __future__ import annotations

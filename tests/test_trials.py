@@ -112,9 +112,9 @@ def test_trials_lose_and_duplicate_nothing(golden, tmp_path):
     """One trial (each is a whole pipeline run: ~4 min of CI), on the input of the
     session's shared failure-free run and compared with it: the CI seed's pick, communities
     killed in the middle of epoch 0. Found by a 20-trial run: killed before its writer had
-    created user_community, the rollback failed on the missing table. Crash points inside a
-    commit and a checkpoint are killed at the writer and the store (tests/test_delta.py,
-    tests/test_checkpoints.py) and by the campaign (tests/test_chaos.py)."""
+    created user_community, the rollback failed on the missing table. Kills at a commit and
+    in a checkpoint are tested at the writer and the store (tests/test_delta.py,
+    tests/test_checkpoints.py) and are targets of longer campaigns (falkirk chaos)."""
     out = tmp_path / "trials.json"
     code = trials.main(Namespace(trials=1, seed=CI_SEED, events=INPUT["events"],
                                  epochs=INPUT["epochs"], json=str(out),
