@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # The falkirk image: one Python environment for Airflow (api-server, scheduler,
-# dag-processor, triggerer) AND the Spark master/worker of docker-compose.yml. Spark
+# dag-processor, triggerer, Celery workers) AND the Spark master/workers of
+# docker-compose.yml. Spark
 # runs from the pyspark wheel of the same venv, so the driver (in an Airflow task),
 # the executors and their Python workers all have pyspark 4.2.0, deltalake and falkirk
 # at the same path (/opt/venv/bin/python), exactly as uv.lock pins them.
@@ -33,18 +34,20 @@ RUN pip install --no-cache-dir "uv==${UV_VERSION}"
 
 WORKDIR /opt/falkirk
 
-# Dependencies first (cached until pyproject.toml or uv.lock change): exactly uv.lock.
+# Dependencies first (cached until pyproject.toml or uv.lock change): exactly uv.lock,
+# with the cluster extra (Airflow's Celery executor and PostgreSQL drivers).
 COPY pyproject.toml uv.lock ./
-RUN uv sync --locked --no-dev --extra postgres --no-install-project
+RUN uv sync --locked --no-dev --extra cluster --no-install-project
 
 # The repository, then falkirk itself (editable: compose mounts dags/, examples/ and
 # plugins/ over these copies, so an edit on the host is what every service runs).
 COPY . .
-RUN uv sync --locked --no-dev --extra postgres
+RUN uv sync --locked --no-dev --extra cluster
 
-# The JVM parts (Spark's Kafka connector, delta-spark, the Kafka broker jars) from Maven
-# Central with `falkirk jars`, as bin/setup does: jobs load them with spark.jars, never
-# at start.
+# The JVM parts (Spark's Kafka connector, delta-spark, hadoop-aws with the AWS SDK, the
+# Kafka and S3Proxy jars) from Maven Central with `falkirk jars`, as bin/setup does: jobs
+# load them with spark.jars and the class path (the compose profile's object_store_jars),
+# never at start.
 RUN set -eux; \
     FALKIRK_JARS_DIR=/opt/falkirk/jvm/lib /opt/venv/bin/falkirk jars; \
     rm -rf /root/.m2
@@ -54,15 +57,14 @@ RUN set -eux; \
 # passwords.json: written at start by docker/entrypoint.sh from FALKIRK_AIRFLOW_PASSWORD.
 RUN set -eux; \
     useradd --uid 50000 --gid 0 --create-home --home-dir /home/falkirk falkirk; \
-    mkdir -p /opt/airflow/logs /opt/falkirk/var /opt/ivy; \
-    chown -R falkirk:0 /opt/airflow /opt/falkirk/var /opt/ivy; \
-    chmod -R g+rwX /opt/airflow /opt/falkirk/var /opt/ivy
+    mkdir -p /opt/airflow/logs /opt/falkirk/var; \
+    chown -R falkirk:0 /opt/airflow /opt/falkirk/var; \
+    chmod -R g+rwX /opt/airflow /opt/falkirk/var
 
 ENV PATH=/opt/venv/bin:$PATH \
     AIRFLOW_HOME=/opt/airflow \
     PYSPARK_PYTHON=/opt/venv/bin/python \
     PYSPARK_DRIVER_PYTHON=/opt/venv/bin/python \
-    SPARK_CONF_DIR=/opt/falkirk/docker/spark \
     SPARK_WORKER_DIR=/tmp/spark-work
 
 USER falkirk

@@ -1,40 +1,50 @@
-"""docker-compose.yml, validated offline (no docker engine here): docker-compose v1 accepts it,
-and it agrees with the code's "compose" profile (falkirk.config), bin/airflow and uv.lock.
+"""docker-compose.yml, validated offline (no docker engine here): it is exactly what
+`bin/cluster compose` generates from the local cluster's description, docker-compose v1
+accepts it, and it runs the topology, versions and settings of `bin/cluster up`, the
+addresses of the code's "compose" profile (falkirk.config), bin/airflow's Airflow and
+uv.lock's packages.
 
 Nothing here starts a container; every test reads files only (plus one `docker-compose config`).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import tomllib
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 import yaml
 
 from falkirk.config import PROFILES, REPO_ROOT
+from falkirk_dev import cluster
+from falkirk_dev import compose as generator
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "docker" / "falkirk.Dockerfile"
-SPARK_DEFAULTS = REPO_ROOT / "docker" / "spark" / "spark-defaults.conf"
 CFG = PROFILES["compose"]
 STORAGE = dict(CFG.storage_options)  # without the credentials: those come from .env
+# The secrets compose reads from .env, and the variable each becomes in falkirk's processes.
 SECRETS = {"FALKIRK_S3_ACCESS_KEY": "AWS_ACCESS_KEY_ID", "FALKIRK_S3_SECRET_KEY":
            "AWS_SECRET_ACCESS_KEY", "FALKIRK_POSTGRES_PASSWORD": None,
-           "FALKIRK_AIRFLOW_SECRET": None, "FALKIRK_AIRFLOW_PASSWORD": None}
+           "FALKIRK_REDIS_PASSWORD": None, "FALKIRK_AIRFLOW_SECRET": None,
+           "FALKIRK_AIRFLOW_PASSWORD": None}
 
 
 def _secret(variable: str) -> str:
     """How compose reads a secret: from .env, refusing to start without it."""
     return "${" + variable + ":?set in .env, see docs/compose.md}"
-AIRFLOW_COMPONENTS = {"api-server", "scheduler", "dag-processor", "triggerer"}
+
+
+AIRFLOW_COMPONENTS = {"api-server", "scheduler", "dag-processor", "triggerer", "celery"}
+KAFKA_ADDRESS_KEYS = {"node.id", "controller.quorum.voters", "listeners",
+                      "advertised.listeners", "listener.security.protocol.map",
+                      "controller.listener.names", "log.dirs", "process.roles"}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +80,11 @@ def _airflow_services(services: dict[str, dict]) -> dict[str, dict]:
             if _command(s)[:1] == ["airflow"]}
 
 
+def _kafka_services(services: dict[str, dict]) -> dict[str, dict]:
+    return {name: s for name, s in services.items()
+            if s["image"].startswith("apache/kafka:")}
+
+
 def _uv_lock_versions() -> dict[str, str]:
     lock = tomllib.loads((REPO_ROOT / "uv.lock").read_text())
     return {p["name"]: p["version"] for p in lock["package"] if "version" in p}
@@ -81,6 +96,12 @@ def _bin_airflow_exports() -> dict[str, str]:
     return dict(re.findall(r"^export (AIRFLOW__\w+)=(\S*)", text, re.MULTILINE))
 
 
+def _bin_airflow_default(variable: str) -> str:
+    """The default bin/airflow gives ``variable`` (``${VARIABLE:-default}``)."""
+    text = (REPO_ROOT / "bin" / "airflow").read_text()
+    return re.search(r"\$\{" + variable + r":-(\w+)\}", text).group(1)
+
+
 def _named_volume(entry) -> str | None:
     """The named volume of a service's volume entry (None for a bind mount)."""
     if isinstance(entry, dict):
@@ -89,6 +110,30 @@ def _named_volume(entry) -> str | None:
     if ":" not in str(entry) or source.startswith((".", "/", "~", "$")):
         return None
     return source
+
+
+# --- one source: the file is what bin/cluster compose writes -------------------------------
+
+
+def test_docker_compose_yml_is_what_bin_cluster_compose_generates():
+    """The cluster's description (tools/falkirk_dev/cluster.py) and the compose profile
+    are the one source: an edit of either, or of the file by hand, fails here until the
+    file is generated again."""
+    assert COMPOSE_FILE.read_text() == generator.render(), (
+        "docker-compose.yml is not what `bin/cluster compose` generates: run it")
+    assert set(generator.SECRETS) == set(SECRETS)
+
+
+def test_compose_profile_is_the_cluster_profile_but_for_addresses_and_credentials():
+    """Same settings: only where the parts are, where the credentials come from and the
+    drivers' JVM options (the local cluster shares 2 cores) may differ."""
+    local = PROFILES["cluster"]
+    differ = {"env", "kafka_bootstrap", "spark_master", "storage_options",
+              "object_store_credentials", "spark_driver_java_options", "spark_ui"}
+    assert dataclasses.replace(CFG, **{f: getattr(local, f) for f in differ}) == local
+    assert {k for k, _ in CFG.storage_options} == {k for k, _ in local.storage_options}
+    assert {(k, v) for k, v in CFG.storage_options if k != "AWS_ENDPOINT_URL"} == \
+        {(k, v) for k, v in local.storage_options if k != "AWS_ENDPOINT_URL"}
 
 
 # --- docker-compose accepts the file ----------------------------------------------------------
@@ -109,61 +154,121 @@ def test_docker_compose_config_accepts_the_file():
     assert refused.returncode != 0 and "see docs/compose.md" in refused.stderr
 
 
-def test_no_secret_is_written_in_the_compose_files():
+def test_no_secret_is_written_in_the_compose_files(services):
     """Credentials and passwords are read from .env, never kept in the repository."""
-    text = COMPOSE_FILE.read_text() + SPARK_DEFAULTS.read_text() + DOCKERFILE.read_text()
-    for word in ("falkirk-secret", "change-me", '"admin": "admin"',
+    text = COMPOSE_FILE.read_text() + DOCKERFILE.read_text()
+    for word in ("falkirk-secret", "change-me", '"admin": "admin"', "local-credential",
                  "access.key", "secret.key", "POSTGRES_PASSWORD: airflow"):
         assert word not in text, word
+    for name, service in services.items():
+        for key, value in _env(service).items():
+            if re.search(r"PASSWORD|SECRET|CREDENTIAL|IDENTITY|ACCESS_KEY", key) and \
+                    not key.endswith("_FILE"):
+                assert value.startswith("${FALKIRK_"), f"{name}: {key} is written in the file"
 
 
-# --- consistency with falkirk.config's compose profile ----------------------------------------
+# --- Kafka: the local cluster's 3 nodes ------------------------------------------------------
 
 
-def test_kafka_bootstrap_is_the_kafka_service_and_its_advertised_listener(services):
-    host, port = CFG.kafka_bootstrap.rsplit(":", 1)
-    assert host in services, f"no service {host!r} for kafka_bootstrap {CFG.kafka_bootstrap}"
-    env = _env(services[host])
-    advertised = dict(reversed(item.split("://", 1))
-                      for item in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
-    assert CFG.kafka_bootstrap in advertised, env["KAFKA_ADVERTISED_LISTENERS"]
-    name = advertised[CFG.kafka_bootstrap]
-    listeners = dict(item.split("://", 1) for item in env["KAFKA_LISTENERS"].split(","))
-    assert listeners[name].rsplit(":", 1)[1] == port, "the listener binds another port"
-    protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
-                     .split(","))
-    assert protocols[name] == "PLAINTEXT"  # falkirk's kafka-python clients set no security
-    assert CFG.kafka_bootstrap in " ".join(services[host]["healthcheck"]["test"])
+def test_kafka_nodes_are_the_profiles_bootstrap_servers_in_one_quorum(services):
+    kafka = _kafka_services(services)
+    nodes = [a.rsplit(":", 1) for a in CFG.kafka_bootstrap.split(",")]
+    assert sorted(kafka) == sorted(host for host, _ in nodes) and len(kafka) == 3
+    voters = set()
+    for (host, port), host_port in zip(nodes, cluster.KAFKA_PORTS, strict=True):
+        env = _env(kafka[host])
+        advertised = dict(reversed(item.split("://", 1))
+                          for item in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
+        name = advertised[f"{host}:{port}"]
+        listeners = dict(item.split("://", 1) for item in env["KAFKA_LISTENERS"].split(","))
+        assert listeners[name] == f":{port}", "the listener binds another port"
+        protocols = dict(item.split(":") for item in
+                         env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+        assert protocols[name] == "PLAINTEXT"  # falkirk's kafka-python clients set no security
+        # From the host, each node answers where the local cluster's does.
+        assert advertised[f"127.0.0.1:{host_port}"] in listeners
+        assert f"127.0.0.1:{host_port}:{host_port}" in kafka[host]["ports"]
+        assert f"{host}:{port}" in " ".join(kafka[host]["healthcheck"]["test"])
+        voters.add(env["KAFKA_CONTROLLER_QUORUM_VOTERS"])
+    [quorum] = voters
+    assert sorted(v.split("@")[1].split(":")[0] for v in quorum.split(",")) == sorted(kafka)
+    assert len({_env(s)["KAFKA_NODE_ID"] for s in kafka.values()}) == 3
+
+
+def test_kafka_nodes_have_the_settings_of_the_local_clusters_brokers(services, tmp_path):
+    """What `bin/cluster up` writes into each node's server.properties, beside addresses,
+    is what every compose node gets (the image maps KAFKA_A_B to a.b)."""
+    props = dict(line.split("=", 1) for line in
+                 cluster.kafka_properties(1, tmp_path).splitlines() if "=" in line)
+    want = {k: v for k, v in props.items() if k not in KAFKA_ADDRESS_KEYS}
+    assert want["min.insync.replicas"] == "2" and want["default.replication.factor"] == "3"
+    for name, service in _kafka_services(services).items():
+        env = _env(service)
+        got = {k.removeprefix("KAFKA_").lower().replace("_", "."): v
+               for k, v in env.items() if k.startswith("KAFKA_")}
+        for key, value in want.items():
+            assert got.get(key) == value, f"{name}: {key}={got.get(key)!r}, cluster: {value!r}"
 
 
 def test_topics_no_one_creates_get_their_declared_partitions_on_auto_create(services):
     from falkirk.model.topology import declared, load_pipeline
     from falkirk_dev.generate import EVENTS_TOPIC, QUERIES_TOPIC
 
-    env = _env(services[CFG.kafka_bootstrap.rsplit(":", 1)[0]])
     created_by_generate = {EVENTS_TOPIC, QUERIES_TOPIC}
     auto = {(e.topic, e.partitions) for name in declared()
             for e in load_pipeline(name).edges.values()
             if e.kind == "kafka" and e.topic not in created_by_generate}
     assert auto, "every topic is created explicitly: drop this test"
-    assert env.get("KAFKA_AUTO_CREATE_TOPICS_ENABLE") == "true"
-    for topic, partitions in auto:
-        assert env["KAFKA_NUM_PARTITIONS"] == str(partitions), topic
+    for name, service in _kafka_services(services).items():
+        env = _env(service)
+        assert env.get("KAFKA_AUTO_CREATE_TOPICS_ENABLE") == "true"
+        for topic, partitions in auto:
+            assert env["KAFKA_NUM_PARTITIONS"] == str(partitions), (name, topic)
+
+
+def test_compose_runs_the_kafka_version_the_embedded_broker_runs(services):
+    """One Kafka version: the embedded broker's and the cluster's jars
+    (falkirk/jvm/kafka/pom.xml) and compose's."""
+    from falkirk.io.jars import pom
+
+    version = re.search(r"<kafka.version>([^<]+)</kafka.version>",
+                        pom("kafka").read_text()).group(1)
+    for name, service in _kafka_services(services).items():
+        assert service["image"] == f"apache/kafka:{version}", name
+
+
+# --- Spark: the master and the local cluster's workers ------------------------------------------
 
 
 def test_spark_master_url_is_the_spark_master_service_on_its_port(services):
     url = urlparse(CFG.spark_master)
     assert url.scheme == "spark"
     assert url.hostname in services, f"no service {url.hostname!r} for {CFG.spark_master}"
-    master = services[url.hostname]
-    cmd = _command(master)
+    cmd = _command(services[url.hostname])
     assert "org.apache.spark.deploy.master.Master" in cmd
     assert cmd[cmd.index("--port") + 1] == str(url.port)
     assert cmd[cmd.index("--host") + 1] == url.hostname
-    workers = [s for s in services.values()
+
+
+def test_spark_workers_are_the_local_clusters_workers(services, tmp_path):
+    """As many workers as `bin/cluster up` starts, each offering its cores and memory."""
+    local = [c.cmd for c in cluster.spark_components(tmp_path) if c.kind == "spark-worker"]
+    workers = [_command(s) for s in services.values()
                if "org.apache.spark.deploy.worker.Worker" in _command(s)]
-    assert workers, "no Spark worker"
-    assert all(CFG.spark_master in _command(w) for w in workers)
+    assert len(workers) == len(local) == 2
+    for cmd, want in zip(workers, local, strict=True):
+        assert cmd[-1] == CFG.spark_master
+        for flag in ("--cores", "--memory"):
+            assert cmd[cmd.index(flag) + 1] == want[want.index(flag) + 1], flag
+
+
+def test_executors_reach_the_spark_checkpoint_folder_and_the_jobs(services):
+    """The profile's spark_checkpoint_dir is under var/, which every worker mounts."""
+    assert CFG.spark_checkpoint_dir.startswith(str(REPO_ROOT / "var"))
+    for name, service in services.items():
+        if "org.apache.spark.deploy.worker.Worker" in _command(service):
+            assert "falkirk-var:/opt/falkirk/var" in service["volumes"], name
+            assert "./examples:/opt/falkirk/examples:ro" in service["volumes"], name
 
 
 def test_cluster_drivers_keep_the_jvms_default_compilers_and_collector(monkeypatch):
@@ -176,10 +281,24 @@ def test_cluster_drivers_keep_the_jvms_default_compilers_and_collector(monkeypat
     assert "spark.driver.extraJavaOptions" not in load("local").spark_launch_conf
 
 
+def test_drivers_and_executors_get_the_object_store_jars_from_the_image_not_at_start():
+    """hadoop-aws and the AWS SDK are on the class path (the image fetched them with
+    `falkirk jars`, as bin/setup does): no spark.jars.packages, nothing resolved at start."""
+    conf = CFG.spark_launch_conf
+    assert "spark.jars.packages" not in conf
+    assert "hadoop-aws" in conf["spark.executor.extraClassPath"]
+    assert conf["spark.driver.extraClassPath"] == conf["spark.executor.extraClassPath"]
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == STORAGE["AWS_ENDPOINT_URL"]
+    assert "falkirk jars" in DOCKERFILE.read_text()
+
+
 def test_airflow_spark_default_connection_is_the_profiles_spark_master(services):
     # SparkSubmitHook reads the URI spark://host:port as master spark://host:port.
     for name, service in _airflow_services(services).items():
         assert _env(service).get("AIRFLOW_CONN_SPARK_DEFAULT") == CFG.spark_master, name
+
+
+# --- the object store ---------------------------------------------------------------------------
 
 
 def test_every_storage_option_is_in_the_env_of_every_falkirk_service(services):
@@ -196,64 +315,40 @@ def test_every_storage_option_is_in_the_env_of_every_falkirk_service(services):
                 assert env.get(key) == _secret(variable), f"{name}: {key}"
 
 
-def test_storage_options_match_the_minio_service(services):
+def test_object_store_is_the_local_clusters_s3proxy(services, tmp_path):
+    """The endpoint's service runs S3Proxy of the version `bin/cluster up` runs (the
+    objectstore pom), with its settings, the .env key pair, plain HTTP on the port."""
+    from falkirk.io.jars import pom
+
     endpoint = urlparse(STORAGE["AWS_ENDPOINT_URL"])
-    assert endpoint.hostname in services, f"no service {endpoint.hostname!r}"
-    minio = services[endpoint.hostname]
-    env = _env(minio)
-    assert env["MINIO_ROOT_USER"] == _secret("FALKIRK_S3_ACCESS_KEY")
-    assert env["MINIO_ROOT_PASSWORD"] == _secret("FALKIRK_S3_SECRET_KEY")
-    assert env["MINIO_SITE_REGION"] == STORAGE["AWS_REGION"]
-    cmd = _command(minio)
-    assert cmd[cmd.index("--address") + 1] == f":{endpoint.port}"
-    assert "--certs-dir" not in cmd  # no TLS: plain HTTP, as AWS_ALLOW_HTTP says
+    store = services[endpoint.hostname]
+    version = re.search(r"<artifactId>s3proxy</artifactId>\s*<version>([^<]+)</version>",
+                        pom("objectstore").read_text()).group(1)
+    assert store["image"] == f"andrewgaul/s3proxy:s3proxy-{version}"
+    env = _env(store)
+    assert env["S3PROXY_IDENTITY"] == _secret("FALKIRK_S3_ACCESS_KEY")
+    assert env["S3PROXY_CREDENTIAL"] == _secret("FALKIRK_S3_SECRET_KEY")
+    assert env["S3PROXY_ENDPOINT"] == f"http://0.0.0.0:{endpoint.port}"
     assert endpoint.scheme == "http" and STORAGE["AWS_ALLOW_HTTP"] == "true"
+    (tmp_path / "objectstore").mkdir()
+    cluster.objectstore_component(tmp_path)
+    conf = dict(line.split("=", 1) for line in
+                (tmp_path / "objectstore" / "s3proxy.conf").read_text().splitlines() if line)
+    for key in ("s3proxy.authorization", "jclouds.provider"):
+        assert env[key.upper().replace(".", "_")] == conf[key], key
+    assert f"objectstore-data:{env['JCLOUDS_FILESYSTEM_BASEDIR']}" in store["volumes"]
 
 
-def test_lake_bucket_is_created_by_the_minio_init_service(services):
+def test_lake_bucket_is_created_by_a_one_shot_service_before_the_scheduler(services):
     lake = urlparse(CFG.lake)
     assert lake.scheme == "s3"
-    creators = {name: s for name, s in services.items() if _command(s)[:1] == ["mb"]}
-    assert list(creators) == ["minio-init"]
-    init = creators["minio-init"]
-    alias, bucket = _command(init)[-1].split("/", 1)
-    assert bucket == lake.hostname, f"creates bucket {bucket!r}, the lake is in {lake.hostname!r}"
-    # mc's alias from the environment: http://KEY:SECRET@host:port, the keys from .env.
-    credentials, _, address = _env(init)[f"MC_HOST_{alias}"].rpartition("@")
-    endpoint = urlparse(STORAGE["AWS_ENDPOINT_URL"])
-    assert f"{endpoint.scheme}://{address}" == STORAGE["AWS_ENDPOINT_URL"]
-    assert credentials == (f"{endpoint.scheme}://${{FALKIRK_S3_ACCESS_KEY:?set in .env}}:"
-                           "${FALKIRK_S3_SECRET_KEY:?set in .env}")
-    assert init["depends_on"][endpoint.hostname]["condition"] == "service_healthy"
+    init = services["objectstore-init"]
+    assert _command(init) == ["python", "-m", "falkirk_dev.compose", "bucket"]
     assert init.get("restart") == "no"
-
-
-def test_spark_s3a_settings_match_the_storage_options():
-    conf = {}
-    for line in SPARK_DEFAULTS.read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, value = line.split(None, 1)
-            conf[key] = value.strip()
-    s3a = "spark.hadoop.fs.s3a."
-    assert conf[s3a + "endpoint"] == STORAGE["AWS_ENDPOINT_URL"]
-    assert conf[s3a + "aws.credentials.provider"].endswith(
-        "EnvironmentVariableCredentialsProvider")  # AWS_ACCESS_KEY_ID etc. from .env
-    assert conf[s3a + "endpoint.region"] == STORAGE["AWS_REGION"]
-    assert conf[s3a + "path.style.access"] == "true"  # MinIO buckets are not DNS names
-    assert conf[s3a + "connection.ssl.enabled"] == "false"
-
-
-def test_spark_packages_match_the_pinned_pyspark_and_the_jars_come_from_the_image():
-    packages = dict(p.rsplit(":", 1) for p in re.search(
-        r"^spark\.jars\.packages\s+(\S+)", SPARK_DEFAULTS.read_text(), re.MULTILINE
-    ).group(1).split(","))
-    pyspark = Path(importlib.util.find_spec("pyspark").origin).parent
-    [hadoop_jar] = (pyspark / "jars").glob("hadoop-client-api-*.jar")
-    hadoop = hadoop_jar.stem.removeprefix("hadoop-client-api-")
-    assert packages == {"org.apache.hadoop:hadoop-aws": hadoop}  # the Hadoop inside pyspark
-    # delta-spark and the Kafka connector: the image fetches falkirk/jvm/*/pom.xml at build
-    # time, as bin/setup does.
-    assert "falkirk jars" in DOCKERFILE.read_text()
+    endpoint = urlparse(STORAGE["AWS_ENDPOINT_URL"])
+    assert endpoint.hostname in init["depends_on"]
+    scheduler = services["airflow-scheduler"]["depends_on"]
+    assert scheduler["objectstore-init"]["condition"] == "service_completed_successfully"
 
 
 def test_every_falkirk_service_runs_with_falkirk_env_compose(services):
@@ -274,19 +369,58 @@ def test_airflow_has_every_component_and_a_one_shot_db_migrate(services):
         assert airflow[name]["depends_on"][init]["condition"] == "service_completed_successfully"
 
 
-def test_airflow_runs_on_postgres_with_local_executor_and_parallelism_at_most_4(services):
+def test_airflow_runs_celery_on_postgres_and_redis_as_bin_airflow_does(services):
+    """The cluster profile's executor, bin/airflow's number of Celery workers and task
+    slots, Redis as broker and PostgreSQL for metadata and results."""
+    workers = {name: _command(s) for name, s in _airflow_services(services).items()
+               if _command(s)[1:3] == ["celery", "worker"]}
+    assert len(workers) == cluster.CELERY_WORKERS == int(
+        _bin_airflow_default("FALKIRK_CELERY_WORKERS"))
+    for cmd in workers.values():
+        assert cmd[cmd.index("--concurrency") + 1] == str(cluster.CELERY_CONCURRENCY) == \
+            _bin_airflow_default("FALKIRK_CELERY_CONCURRENCY")
+    password = _secret("FALKIRK_POSTGRES_PASSWORD")
     for name, service in _airflow_services(services).items():
         env = _env(service)
-        conn = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
-        password = _secret("FALKIRK_POSTGRES_PASSWORD")
-        db = urlparse(conn.replace(password, "PASSWORD"))  # urlparse cannot read ${...}
-        assert db.scheme.startswith("postgresql"), name
-        pg = _env(services[db.hostname])
-        assert (db.username, db.path.lstrip("/")) == (pg["POSTGRES_USER"], pg["POSTGRES_DB"])
-        assert db.password == "PASSWORD" and pg["POSTGRES_PASSWORD"] == password
-        assert service["depends_on"][db.hostname]["condition"] == "service_healthy"
-        assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+        assert env["AIRFLOW__CORE__EXECUTOR"] == PROFILES["cluster"].airflow_executor \
+            == "CeleryExecutor"
+        assert env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == str(
+            cluster.TASK_HEARTBEAT_TIMEOUT_S) == _bin_airflow_default(
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT")
+        for key in ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__RESULT_BACKEND"):
+            db = urlparse(env[key].replace(password, "PASSWORD"))  # urlparse cannot read ${...}
+            assert db.scheme.startswith(("postgresql", "db+postgresql")), (name, key)
+            pg = _env(services[db.hostname])
+            assert (db.username, db.path.lstrip("/")) == (pg["POSTGRES_USER"], pg["POSTGRES_DB"])
+            assert db.password == "PASSWORD" and pg["POSTGRES_PASSWORD"] == password
+        broker = urlparse(env["AIRFLOW__CELERY__BROKER_URL"].replace(
+            _secret("FALKIRK_REDIS_PASSWORD"), "PASSWORD"))
+        assert (broker.scheme, broker.password) == ("redis", "PASSWORD")
+        assert _env(services[broker.hostname])["REDIS_PASSWORD"] == _secret(
+            "FALKIRK_REDIS_PASSWORD")
         assert int(env["AIRFLOW__CORE__PARALLELISM"]) <= 4
+        if name != "airflow-init":
+            for dep in ("postgres", "redis"):
+                assert service["depends_on"][dep]["condition"] == "service_healthy", name
+
+
+def test_database_and_broker_are_the_debian_servers_of_the_local_cluster(services, tmp_path):
+    """The major PostgreSQL and the Redis release bin/setup installs from Debian, with
+    the local cluster's server settings."""
+    pg_version = subprocess.run([str(cluster._postgres_bin() / "postgres"), "--version"],
+                                capture_output=True, text=True, check=True).stdout
+    assert re.search(r"\) (\d+)\.", pg_version).group(1) == cluster.POSTGRES_MAJOR
+    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True,
+                                   text=True, check=True).stdout
+    assert re.search(r"v=(\d+\.\d+)\.", redis_version).group(1) == cluster.REDIS_VERSION
+    assert services["postgres"]["image"] == f"postgres:{cluster.POSTGRES_MAJOR}-bookworm"
+    assert services["redis"]["image"] == f"redis:{cluster.REDIS_VERSION}-bookworm"
+    cmd = _command(services["postgres"])
+    for key, value in cluster.POSTGRES_SETTINGS.items():
+        assert f"{key}={value}" in cmd
+    redis_cmd = " ".join(_command(services["redis"]))
+    for key, value in cluster.REDIS_SETTINGS.items():
+        assert f"--{key} {value}" in redis_cmd
 
 
 def test_airflow_dags_and_plugins_folders_are_the_repos_dags_and_plugins(services):
@@ -333,7 +467,9 @@ def test_every_named_volume_used_is_declared_and_every_declared_one_used(compose
             if (v := _named_volume(entry))}
     declared = set(compose.get("volumes") or {})
     assert used == declared, f"undeclared: {used - declared}, unused: {declared - used}"
-    for name in ("postgres", "kafka", "minio"):
+    stateful = ["postgres", "redis", *_kafka_services(services),
+                urlparse(STORAGE["AWS_ENDPOINT_URL"]).hostname]
+    for name in stateful:
         assert any(_named_volume(e) for e in services[name].get("volumes", [])), \
             f"{name} keeps its data in no named volume"
 
@@ -392,7 +528,7 @@ def test_falkirk_dockerfile_installs_exactly_the_uv_lock_versions():
                      if not line.lstrip().startswith("#"))
     assert re.search(r"^COPY pyproject\.toml uv\.lock ", text, re.MULTILINE)
     syncs = re.findall(r"^RUN uv sync[^\n]*", text, re.MULTILINE)
-    assert syncs and all("--locked" in s and "--no-dev" in s and "--extra postgres" in s
+    assert syncs and all("--locked" in s and "--no-dev" in s and "--extra cluster" in s
                          for s in syncs), syncs
     locked = _uv_lock_versions()
     for name, version in re.findall(r"([A-Za-z0-9_.\-]+)==([\w.\-]+)", text):
@@ -403,7 +539,7 @@ def test_falkirk_dockerfile_installs_exactly_the_uv_lock_versions():
         assert pin in locked, f"{pin} is not in uv.lock"
 
 
-def test_falkirk_dockerfile_installs_airflows_sync_and_async_postgres_drivers(services):
+def test_falkirk_dockerfile_installs_airflows_celery_and_postgres_drivers(services):
     text = DOCKERFILE.read_text()
     locked = _uv_lock_versions()
     # Airflow 3 derives its async URL from the sync one: postgresql+<driver> -> +asyncpg.
@@ -412,11 +548,11 @@ def test_falkirk_dockerfile_installs_airflows_sync_and_async_postgres_drivers(se
         scheme = urlparse(_env(service)["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]).scheme
         assert scheme.split("+")[1] in drivers, f"{name}: {scheme}"
     extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]["postgres"]
-    assert any(d.startswith("apache-airflow[postgres]") for d in extra), extra
-    for package in drivers.values():  # locked through the postgres extra, not pinned apart
-        assert package in locked, f"uv.lock lacks {package}"
-    assert "--extra postgres" in text
+        "optional-dependencies"]["cluster"]
+    assert any(d.startswith("apache-airflow[celery,postgres]") for d in extra), extra
+    for package in [*drivers.values(), "apache-airflow-providers-celery", "redis"]:
+        assert package in locked, f"uv.lock lacks {package}"  # locked through the extra
+    assert "--extra cluster" in text
 
 
 def test_falkirk_dockerfile_uses_bin_setups_uv_and_the_projects_python():
@@ -429,13 +565,3 @@ def test_falkirk_dockerfile_uses_bin_setups_uv_and_the_projects_python():
     base = re.search(r"^FROM\s+(\S+)", text, re.MULTILINE).group(1)
     assert base.startswith(f"python:{python}-"), base
     assert "openjdk-17-jre-headless" in text  # Spark 4 needs Java 17+
-
-
-def test_compose_runs_the_kafka_version_the_embedded_broker_runs(services):
-    """One Kafka version: the embedded broker's jars (falkirk/jvm/kafka/pom.xml) and
-    compose's."""
-    from falkirk.io.jars import pom
-
-    pom = pom("kafka").read_text()
-    version = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom).group(1)
-    assert services["kafka"]["image"] == f"apache/kafka:{version}"

@@ -53,3 +53,37 @@ def test_a_corrupt_jar_is_named(jar_root):
     jar.write_bytes(jar.read_bytes()[:1000])  # a cut download
     with pytest.raises(jars.JarsError, match="delta-spark.*is corrupt"):
         jars.spark_jars()
+
+
+def test_using_the_jars_reads_the_stamp_not_the_archives(jar_root, monkeypatch):
+    """Every Airflow task parses the DAG file, which computes the Spark settings: opening
+    the AWS SDK bundle's archive index there once took longer than Airflow's 30 s parse
+    timeout on a loaded machine, and the task failed. The archives are read once, when
+    fetched; use checks the stamp and the sizes."""
+    for name in jars.SETS:
+        jars.fetch(name)  # complete already: at most adds the sizes to an older stamp
+
+    def no_archive_reads(*args, **kwargs):
+        raise AssertionError("an archive was read to use the jars")
+
+    monkeypatch.setattr(jars.zipfile, "ZipFile", no_archive_reads)
+    jars._checked.cache_clear()
+    for name in jars.SETS:
+        assert jars.jars(name)
+    assert "hadoop-aws" in load("cluster").spark_launch_conf["spark.executor.extraClassPath"]
+
+
+def test_a_stamp_without_sizes_is_completed_without_fetching_again(jar_root):
+    stamp = jar_root / "kafka" / jars.STAMP
+    stamp.write_text(jars.pom_digest("kafka") + "\n")  # as an older falkirk wrote it
+    assert jars.fetch("kafka") is False  # nothing fetched
+    sizes = dict(line.split(" ", 1)[::-1] for line in stamp.read_text().splitlines()[1:])
+    assert sizes == {p.name: str(p.stat().st_size) for p in (jar_root / "kafka").glob("*.jar")}
+
+
+def test_a_jar_that_was_not_fetched_is_refused(jar_root):
+    jars.fetch("kafka")  # the stamp lists what was fetched
+    shutil.copy(next((jar_root / "kafka").glob("kafka_*.jar")), jar_root / "kafka" / "x.jar")
+    jars._checked.cache_clear()
+    with pytest.raises(jars.JarsError, match=r"not fetched for its pom \(x\.jar\)"):
+        jars.kafka_classpath()

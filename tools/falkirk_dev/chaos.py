@@ -13,6 +13,14 @@ and keeps breaking it, at moments drawn from ``--seed``, until ``--minutes`` hav
 * ``broker``: the Apache Kafka broker SIGKILLed and started again on its ports (no job
   needs to die: their broker questions are retried).
 
+With ``--cluster`` the run is on the local cluster of ``bin/cluster up``
+(``FALKIRK_ENV=cluster``) and the infrastructure faults join the targets, in place of
+``broker``: ``kafka-node`` (one of the 3 KRaft nodes SIGKILLed, started again seconds
+later: the replicas hold every acknowledged record), ``spark-worker`` (a worker and its
+executors SIGKILLed, then started again: Spark reruns the lost tasks) and ``objectstore``
+(S3Proxy SIGKILLed and started again: s3a and delta-rs retry). No job should die of
+them and nothing should be rolled back: each counts ``failed_a_job`` when one did.
+
 Each death is recovered as the streams supervisor does (roll the dead jobs' regions back as
 failed, restart the dead and stopped jobs). Recovery time is from the kill to when every
 region the rollback moved has committed an epoch in the new generation (or ended). The
@@ -44,6 +52,10 @@ from falkirk.faults import ENV as CRASH_ENV
 from falkirk_dev.trials import died_by, golden_run, input_of, job_regions
 
 TARGETS = ("job", "rollback", "commit", "checkpoint", "broker")
+#: On the local cluster: its components, by target (``bin/cluster`` names).
+INFRASTRUCTURE = {"kafka-node": ("kafka-1", "kafka-2", "kafka-3"),
+                  "spark-worker": ("spark-worker-1", "spark-worker-2"),
+                  "objectstore": ("objectstore",)}
 ROLLBACK_POINTS = ("rollback:before-stop", "rollback:after-first-table")
 RECOVERY_TIMEOUT_S = 600.0
 POLL_S = 0.5
@@ -77,9 +89,12 @@ def _all_done(run) -> bool:
 class Campaign:
     """The campaign's state: the run, the random draws, what happened."""
 
-    def __init__(self, run, broker, rng: random.Random, say: Callable[[str], None]):
+    def __init__(self, run, broker, rng: random.Random, say: Callable[[str], None],
+                 cluster: bool = False):
         self.run, self.broker, self.rng = run, broker, rng
         self.say = say
+        self.targets = ((*(t for t in TARGETS if t != "broker"), *INFRASTRUCTURE)
+                        if cluster else TARGETS)
         self.kills: list[dict[str, Any]] = []
         self.rollbacks = 0
         self.stuck = 0
@@ -95,7 +110,10 @@ class Campaign:
                 return  # something died by itself meanwhile (an armed crash point)
             time.sleep(POLL_S)
         running = sorted(j for j, p in self.run.procs.items() if p.poll() is None)
-        target = self.rng.choice(TARGETS)
+        target = self.rng.choice(self.targets)
+        if target in INFRASTRUCTURE:
+            self._break_infrastructure(target)
+            return
         if target == "broker":
             t = time.monotonic()
             self.broker.restart(crash=True)
@@ -112,6 +130,22 @@ class Campaign:
         self.run.kill(job)
         self.kills.append({"target": target, "job": job, "at": time.monotonic()})
         self.say(f"{job} SIGKILLed")
+
+    def _break_infrastructure(self, target: str) -> None:
+        """SIGKILL one component of the cluster, start it again a few seconds later (as
+        an operator or a supervisor would), and time it to the pipeline's next commit."""
+        from falkirk_dev import cluster
+
+        name = self.rng.choice(INFRASTRUCTURE[target])
+        t = time.monotonic()
+        cluster.kill(name)
+        time.sleep(self.rng.uniform(1.0, 5.0))
+        cluster.start(name)
+        self.kills.append({"target": target, "component": name, "at": t,
+                           "recovery_s": None})
+        self.say(f"{name} SIGKILLed and started again")
+        self._wait_any_commit(t)
+        self.kills[-1]["failed_a_job"] = bool(self.run.failed_jobs())
 
     def _arm(self, job: str, target: str) -> None:
         """Kill ``job`` and, after the recovery's rollback, restart it with a crash point:
@@ -250,27 +284,40 @@ def _parts_median(kills: list[dict[str, Any]]) -> dict[str, float]:
 
 def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
              say: Callable[[str], None],
-             golden: dict[str, Any] | None = None) -> dict[str, Any]:
+             golden: dict[str, Any] | None = None, cluster: bool = False) -> dict[str, Any]:
     """Run the campaign; its figures (see the module docstring). ``golden``: the
     failure-free run's outputs of the same input when the caller has them already (the
-    tests share one), else the campaign makes that run first."""
+    tests share one), else the campaign makes that run first (on the embedded defaults).
+    ``cluster``: the run under faults on the local cluster, with its infrastructure among
+    the targets."""
+    import contextlib
+
     from falkirk.local.broker import LocalBroker
-    from falkirk_dev.harness import LocalRun, compare
+    from falkirk_dev.harness import LocalRun, compare, profile
 
     t0 = time.monotonic()
     last = data["epochs"] - 1
     if golden is None:
-        golden = golden_run(workdir / "golden", data, timeout_s=3600)
+        with profile("local"):
+            golden = golden_run(workdir / "golden", data, timeout_s=3600)
         say(f"failure-free run done in {time.monotonic() - t0:.0f} s")
         shutil.rmtree(workdir / "golden", ignore_errors=True)
 
     rng = random.Random(seed)
     t_start = time.monotonic()
-    with LocalBroker(workdir / "chaos" / "broker") as broker, \
-            LocalRun(workdir / "chaos", broker=broker) as run:
+    with contextlib.ExitStack() as stack:
+        if cluster:
+            from falkirk_dev import cluster as local_cluster
+
+            say(f"on the local cluster: {local_cluster.engines()}")
+            stack.enter_context(profile("cluster"))
+            broker = local_cluster.ClusterKafka("reference").start()
+        else:
+            broker = stack.enter_context(LocalBroker(workdir / "chaos" / "broker"))
+        run = stack.enter_context(LocalRun(workdir / "chaos", broker=broker))
         run.generate(**data)
         run.start(until_epoch=last)
-        c = Campaign(run, broker, rng, say)
+        c = Campaign(run, broker, rng, say, cluster=cluster)
         end = t_start + minutes * 60
         while time.monotonic() < end and not _all_done(run):
             if run.failed_jobs():
@@ -312,6 +359,9 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
              and k["recovery_s"] >= (recoveries[int(0.95 * (len(recoveries) - 1))]
                                      if recoveries else 0)]),
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
+        "engines": "cluster" if cluster else "local",
+        "infrastructure_faults_that_failed_a_job": sum(
+            1 for k in counted if k.get("failed_a_job")),
         "outputs_differ": sorted(k for k, v in report.items() if v["lost"] or v["duplicated"]),
         "sent": sent, "events": c.kills,
     }
@@ -330,7 +380,8 @@ def main(args: Namespace) -> int:
                   f"{json.dumps(data)}; sandboxes under {workdir}")
     t0 = time.monotonic()
     result = campaign(workdir, float(args.minutes), int(args.seed), data,
-                      lambda m: console.log(f"[{(time.monotonic() - t0) / 60:5.1f} min] {m}"))
+                      lambda m: console.log(f"[{(time.monotonic() - t0) / 60:5.1f} min] {m}"),
+                      cluster=bool(getattr(args, "cluster", False)))
     summary = {k: v for k, v in result.items() if k not in ("sent", "events")}
     console.print_json(json.dumps(summary))
     if args.json:

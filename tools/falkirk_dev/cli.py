@@ -120,14 +120,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=int, default=120, help="epochs of input")
     p.add_argument("--workdir", help="where the sandboxes go (default: a new temp folder)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON here")
+    p.add_argument("--cluster", action="store_true",
+                   help="run on the local cluster of bin/cluster up, its Kafka nodes, Spark "
+                        "workers and object store among the targets")
     p.set_defaults(func=cmd_chaos)
 
     p = sub.add_parser("cluster", help="a local cluster as separate processes: Spark "
                        "standalone (master + 2 workers), 3 Kafka brokers, an S3 object store, "
                        "PostgreSQL and Redis for Airflow with Celery (FALKIRK_ENV=cluster)")
-    p.add_argument("action", choices=("up", "down", "status", "airflow-env"),
+    p.add_argument("action", choices=("up", "down", "status", "airflow-env", "compose"),
                    help="airflow-env: the shell exports bin/airflow uses for the "
-                        "CeleryExecutor on this cluster (with --home)")
+                        "CeleryExecutor on this cluster (with --home); compose: write "
+                        "docker-compose.yml, the same cluster in containers")
     p.add_argument("--json", action="store_true", help="status as JSON on stdout")
     p.add_argument("--home", help="airflow-env: the Airflow home (its own database and queue)")
     p.set_defaults(func=cmd_cluster)

@@ -56,10 +56,39 @@ START_TIMEOUT_S = 90.0
 _PROFILE = PROFILES["cluster"]
 OBJECTSTORE_URL = dict(_PROFILE.storage_options)["AWS_ENDPOINT_URL"]
 OBJECTSTORE_PORT = int(OBJECTSTORE_URL.rsplit(":", 1)[1])
-BUCKET = _PROFILE.lake.removeprefix("s3://").split("/", 1)[0]
 # Airflow's metadata database and Celery broker (Debian's postgresql and redis-server).
 POSTGRES_PORT, REDIS_PORT = 29432, 29379
 OBJECTSTORE_JVM = ("-Xms32m", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+
+# What the cluster runs with, here and in docker-compose.yml (tools/falkirk_dev/compose.py
+# generates that file from these; tests/test_compose.py checks it): one description, so
+# the two cannot drift.
+#: Every Kafka node's settings beside its addresses: replicated, so a lost broker loses no
+#: acknowledged record (acks=all, 2 in sync). Topics nobody creates (the serve job's
+#: responses) are auto-created with the 3 partitions the pipeline declares for them.
+KAFKA_SETTINGS = {
+    "default.replication.factor": "3", "min.insync.replicas": "2",
+    "offsets.topic.replication.factor": "3", "transaction.state.log.replication.factor": "3",
+    "transaction.state.log.min.isr": "2", "share.coordinator.state.topic.replication.factor": "3",
+    "share.coordinator.state.topic.min.isr": "2", "unclean.leader.election.enable": "false",
+    "group.initial.rebalance.delay.ms": "0", "log.retention.ms": "-1",
+    "log.retention.bytes": "-1", "auto.create.topics.enable": "true", "num.partitions": "3",
+}
+#: S3Proxy on its filesystem backend ("filesystem", not "filesystem-nio2": nio2 stores
+#: s3a's directory markers ("…/_delta_log/_staged_commits/") as files, and delta-spark's
+#: first commit then fails with "Path is a file").
+OBJECTSTORE_SETTINGS = {"s3proxy.authorization": "aws-v2-or-v4", "jclouds.provider": "filesystem"}
+#: Airflow's scheduler, API server, dag processor and Celery workers each pool
+#: connections; the default 100 is tight for two Airflows on one database server.
+POSTGRES_SETTINGS = {"max_connections": "300"}
+#: Queued Celery messages survive a restart of Redis.
+REDIS_SETTINGS = {"appendonly": "yes", "save": '""'}
+#: The Debian (bookworm) server versions bin/setup installs; compose runs the same.
+POSTGRES_MAJOR, REDIS_VERSION = "15", "7.0"
+#: Celery workers of the cluster's Airflow (bin/airflow's FALKIRK_CELERY_WORKERS default),
+#: the task slots of each, and how long a worker may be silent before its task is failed
+#: and retried (a lost worker).
+CELERY_WORKERS, CELERY_CONCURRENCY, TASK_HEARTBEAT_TIMEOUT_S = 2, 2, 90
 
 
 class ClusterError(FalkirkError, RuntimeError):
@@ -126,13 +155,7 @@ def kafka_properties(node: int, data: Path) -> str:
         "controller.listener.names=CONTROLLER",
         "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         f"log.dirs={data / 'logs'}",
-        # Replicated: a lost broker loses no acknowledged record (acks=all, 2 in sync).
-        "default.replication.factor=3", "min.insync.replicas=2",
-        "offsets.topic.replication.factor=3", "transaction.state.log.replication.factor=3",
-        "transaction.state.log.min.isr=2", "share.coordinator.state.topic.replication.factor=3",
-        "share.coordinator.state.topic.min.isr=2", "unclean.leader.election.enable=false",
-        "group.initial.rebalance.delay.ms=0", "log.retention.ms=-1", "log.retention.bytes=-1",
-        "num.partitions=1", ""])
+        *(f"{k}={v}" for k, v in KAFKA_SETTINGS.items()), ""])
 
 
 def kafka_components(root: Path) -> list[Component]:
@@ -215,37 +238,36 @@ def objectstore_component(root: Path) -> Component:
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write("\n".join([
-            f"s3proxy.endpoint={OBJECTSTORE_URL}", "s3proxy.authorization=aws-v2-or-v4",
+            f"s3proxy.endpoint={OBJECTSTORE_URL}",
             f"s3proxy.identity={creds['AWS_ACCESS_KEY_ID']}",
             f"s3proxy.credential={creds['AWS_SECRET_ACCESS_KEY']}",
-            # "filesystem", not "filesystem-nio2": nio2 stores s3a's directory markers
-            # ("…/_delta_log/_staged_commits/") as files, and delta-spark's first commit
-            # then fails with "Path is a file".
-            "jclouds.provider=filesystem", f"jclouds.filesystem.basedir={store / 'data'}",
-            ""]))
+            *(f"{k}={v}" for k, v in OBJECTSTORE_SETTINGS.items()),
+            f"jclouds.filesystem.basedir={store / 'data'}", ""]))
     return Component("objectstore", "objectstore",
                      ["java", *OBJECTSTORE_JVM, "-jar", objectstore_jar(), "--properties",
                       str(conf)], OBJECTSTORE_PORT, OBJECTSTORE_URL)
 
 
-def _ensure_bucket(root: Path, deadline: float) -> None:
-    """The lake's bucket exists (created at the first ``up``; kept by a restart)."""
+def ensure_bucket(cfg, credentials: dict[str, str], deadline: float) -> None:
+    """The bucket of ``cfg``'s lake exists on its object store (created once; kept by a
+    restart); waits for the store to answer until ``deadline`` (``time.monotonic``)."""
     import pyarrow.fs as pafs
 
-    creds = objectstore_credentials(root)
-    fs = pafs.S3FileSystem(access_key=creds["AWS_ACCESS_KEY_ID"],
-                           secret_key=creds["AWS_SECRET_ACCESS_KEY"],
-                           endpoint_override=OBJECTSTORE_URL, scheme="http",
-                           region=dict(_PROFILE.storage_options)["AWS_REGION"],
+    endpoint = dict(cfg.storage_options)["AWS_ENDPOINT_URL"]
+    bucket = cfg.lake.removeprefix("s3://").split("/", 1)[0]
+    fs = pafs.S3FileSystem(access_key=credentials["AWS_ACCESS_KEY_ID"],
+                           secret_key=credentials["AWS_SECRET_ACCESS_KEY"],
+                           endpoint_override=endpoint, scheme=endpoint.split(":", 1)[0],
+                           region=dict(cfg.storage_options)["AWS_REGION"],
                            allow_bucket_creation=True)
     while True:
         try:
-            fs.create_dir(BUCKET)
+            fs.create_dir(bucket)
             return
         except OSError as exc:
             if time.monotonic() > deadline:
-                raise ClusterError(f"objectstore: bucket {BUCKET!r} could not be created at "
-                                   f"{OBJECTSTORE_URL}: {exc}") from exc
+                raise ClusterError(f"objectstore: bucket {bucket!r} could not be created at "
+                                   f"{endpoint}: {exc}") from exc
             time.sleep(0.5)
 
 
@@ -318,9 +340,7 @@ def postgres_component(root: Path) -> Component:
     return Component("postgres", "postgres", _as_postgres_owner(
         [str(_postgres_bin() / "postgres"), "-D", str(data), "-p", str(POSTGRES_PORT),
          "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={sockets}",
-         # Airflow's scheduler, API server, dag processor and Celery workers each pool
-         # connections; the default 100 is tight for two Airflows on one database server.
-         "-c", "max_connections=300"]),
+         *(a for k, v in POSTGRES_SETTINGS.items() for a in ("-c", f"{k}={v}"))]),
         POSTGRES_PORT, f"postgresql://127.0.0.1:{POSTGRES_PORT}")
 
 
@@ -335,8 +355,7 @@ def redis_component(root: Path) -> Component:
         out.write("\n".join([
             "bind 127.0.0.1", f"port {REDIS_PORT}", f"dir {folder_}",
             f"requirepass {airflow_credentials(root)['redis_password']}",
-            # Queued Celery messages survive a restart of Redis.
-            "appendonly yes", 'save ""', ""]))
+            *(f"{k} {v}" for k, v in REDIS_SETTINGS.items()), ""]))
     return Component("redis", "redis", ["redis-server", str(conf)], REDIS_PORT,
                      f"redis://127.0.0.1:{REDIS_PORT}")
 
@@ -402,7 +421,7 @@ def up(root: Path | None = None, console=None) -> list[dict]:
             _wait_for_port(root, c, deadline)
         _wait_for_workers(deadline)
         _wait_for_brokers(deadline)
-        _ensure_bucket(root, deadline)
+        ensure_bucket(_PROFILE, objectstore_credentials(root), deadline)
     except BaseException:
         for c in reversed(started):
             stop_group(c.pgid, timeout_s=20.0)
@@ -645,6 +664,11 @@ def main(args) -> int:
             print(f"export {key}={shlex.quote(value)}")
         return 0
     console = Console()
+    if args.action == "compose":
+        from falkirk_dev.compose import write
+
+        console.print(f"wrote {write()} (the cluster's topology and settings, in containers)")
+        return 0
     if args.action == "up":
         comps = up(console=console)
     elif args.action == "down":

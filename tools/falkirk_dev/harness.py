@@ -9,7 +9,9 @@ and read every output back for comparison with a failure-free run.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,22 @@ from falkirk.local.run import CHECKS
 from falkirk.local.run import LocalRun as BaseRun
 from falkirk.model.topology import Pipeline
 
-__all__ = ["CHECKS", "LocalRun", "compare", "count_sent", "each_message", "generate_args"]
+__all__ = ["CHECKS", "LocalRun", "compare", "count_sent", "each_message", "generate_args",
+           "profile"]
+
+
+@contextlib.contextmanager
+def profile(env: str) -> Iterator[None]:
+    """Run the block (and the jobs it starts) under the config profile ``env``."""
+    before = os.environ.get("FALKIRK_ENV")
+    os.environ["FALKIRK_ENV"] = env
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FALKIRK_ENV"]
+        else:
+            os.environ["FALKIRK_ENV"] = before
 
 
 class LocalRun(BaseRun):

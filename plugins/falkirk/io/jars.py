@@ -12,9 +12,12 @@ folder: ``jvm/lib/`` in a checkout, ``$FALKIRK_HOME/jvm/lib`` for an installed w
   profile whose lake is on an object store (``s3a://``);
 * ``objectstore``: S3Proxy, the object store of the local cluster (``bin/cluster``).
 
-A complete copy gets ``.pom.sha256`` (the pom's digest) beside its jars; a folder without
-it, or whose pom changed since, or with a jar that is not a readable archive, is refused
-here with the command that repairs it.
+A complete copy gets ``.pom.sha256`` beside its jars: the pom's digest, then each jar's
+size, written once every jar was read as an archive. A folder without it, or whose pom
+changed since, or with a jar missing or of another size (a cut download), is refused here
+with the command that repairs it. Use reads only the stamp and the sizes: every Airflow
+task parses the DAG file, which computes the Spark settings, and opening the 650 MB AWS
+SDK bundle's archive index there took over the 30 s parse timeout on a loaded machine.
 """
 
 from __future__ import annotations
@@ -55,26 +58,47 @@ def pom_digest(name: str) -> str:
     return hashlib.sha256(pom(name).read_bytes()).hexdigest()
 
 
+def _verified(folder: Path, digest: str) -> str:
+    """Read every jar as an archive (its central directory: a cut download fails) and
+    return the stamp that records the pom's digest and each jar's size."""
+    jars = sorted(folder.glob("*.jar"))
+    if not jars:
+        raise JarsError(f"{folder} holds no jar: run {REPAIR}")
+    for jar in jars:
+        try:
+            with zipfile.ZipFile(jar):
+                pass
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise JarsError(f"{jar} is corrupt ({exc}): delete {folder} and run "
+                            f"{REPAIR}") from exc
+    return "\n".join([digest, *(f"{jar.stat().st_size} {jar.name}" for jar in jars)]) + "\n"
+
+
 @cache
 def _checked(folder: Path, digest: str) -> tuple[str, ...]:
     if not folder.is_dir():
         raise JarsError(f"no JVM jars in {folder}: run {REPAIR} (it fetches them from Maven "
                         "Central)")
     stamp = folder / STAMP
-    if not stamp.exists() or stamp.read_text().strip() != digest:
+    lines = stamp.read_text().splitlines() if stamp.exists() else []
+    if not lines or lines[0].strip() != digest:
         raise JarsError(f"the jars in {folder} do not match falkirk/jvm/{folder.name}/pom.xml "
                         f"(incomplete fetch, or the pom changed): run {REPAIR}")
-    jars = sorted(str(p) for p in folder.glob("*.jar"))
-    if not jars:
-        raise JarsError(f"{folder} holds no jar: run {REPAIR}")
-    for jar in jars:
-        try:
-            with zipfile.ZipFile(jar):  # reads the central directory: a cut download fails
-                pass
-        except (zipfile.BadZipFile, OSError) as exc:
-            raise JarsError(f"{jar} is corrupt ({exc}): delete {folder} and run "
-                            f"{REPAIR}") from exc
-    return tuple(jars)
+    sizes = {name: int(size) for size, name in (line.split(" ", 1) for line in lines[1:])}
+    if not sizes:  # stamped by an older falkirk: read the archives (once per process)
+        _verified(folder, digest)
+        return tuple(sorted(str(p) for p in folder.glob("*.jar")))
+    found = {p.name for p in folder.glob("*.jar")}
+    for name, size in sizes.items():
+        jar = folder / name
+        if name not in found or jar.stat().st_size != size:
+            raise JarsError(f"{jar} is corrupt (missing, or not the {size} bytes fetched): "
+                            f"delete {folder} and run {REPAIR}")
+    extra = sorted(found - set(sizes))
+    if extra:
+        raise JarsError(f"{folder} holds jars not fetched for its pom ({', '.join(extra)}): "
+                        f"delete {folder} and run {REPAIR}")
+    return tuple(str(folder / name) for name in sorted(sizes))
 
 
 def fetch(name: str) -> bool:
@@ -83,7 +107,11 @@ def fetch(name: str) -> bool:
     folder = lib_dir() / name
     digest = pom_digest(name)
     stamp = folder / STAMP
-    if stamp.exists() and stamp.read_text().strip() == digest:
+    lines = stamp.read_text().splitlines() if stamp.exists() else []
+    if lines and lines[0].strip() == digest:
+        if len(lines) == 1:  # complete, stamped by an older falkirk: add the sizes
+            stamp.write_text(_verified(folder, digest))
+            _checked.cache_clear()
         return False
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -98,7 +126,7 @@ def fetch(name: str) -> bool:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise JarsError(f"mvn could not fetch the {name} jars of {pom(name)} "
                         f"(exit {done.returncode}):\n{tail}")
-    stamp.write_text(digest + "\n")
+    stamp.write_text(_verified(folder, digest))
     _checked.cache_clear()
     return True
 

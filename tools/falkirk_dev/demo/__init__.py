@@ -17,8 +17,9 @@ and the Airflow UI are.
 ``--direct``: the same failure and recovery without Airflow: the rollback executor is
 called by the demo itself (falkirk_dev.harness.LocalRun).
 
-``--cluster``: ``--direct`` with the run with the failure on the local cluster of
-``bin/cluster up`` (``FALKIRK_ENV=cluster``: Spark standalone, 3 Kafka brokers); the
+``--cluster`` (with either mode): the run with the failure on the local cluster of
+``bin/cluster up`` (``FALKIRK_ENV=cluster``: Spark standalone, 3 Kafka brokers, the lake
+on its object store; with Airflow, the CeleryExecutor on its PostgreSQL and Redis); the
 report says which engines ran; ``figures.json`` beside it has the run's events/s.
 
 Run it as ``bin/demo`` (Airflow) or ``python -m falkirk_dev.demo --direct``. The parts:
@@ -45,9 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="drive the pipeline through the Airflow DAGs (the default)")
     mode.add_argument("--direct", dest="mode", action="store_const", const="direct",
                       help="no Airflow: the demo calls the rollback executor itself")
-    mode.add_argument("--cluster", dest="mode", action="store_const", const="cluster",
-                      help="--direct on the local cluster of bin/cluster up (Spark "
-                           "standalone, 3 Kafka brokers; FALKIRK_ENV=cluster)")
+    p.add_argument("--cluster", action="store_true",
+                   help="run on the local cluster of bin/cluster up (FALKIRK_ENV=cluster: "
+                        "Spark standalone, 3 Kafka brokers, the object store; Airflow with "
+                        "the CeleryExecutor); the failure-free run stays on the embedded "
+                        "defaults")
     p.add_argument("--keep-airflow", action=argparse.BooleanOptionalAction, default=True,
                    help="leave Airflow running at the end to look at the runs (default: "
                         "keep; --no-keep-airflow stops it)")
@@ -70,13 +73,14 @@ def main(args: Namespace) -> int:
     from rich.console import Console
 
     console = Console(width=None if sys.stdout.isatty() else 110)
-    if getattr(args, "mode", None) in ("direct", "cluster"):
+    cluster = bool(getattr(args, "cluster", False))
+    if getattr(args, "mode", None) == "direct":
         from falkirk_dev.demo.golden import main_direct
 
-        return main_direct(args, console, cluster=args.mode == "cluster")
+        return main_direct(args, console, cluster=cluster)
     from falkirk_dev.demo.airflow import main_airflow
 
-    return main_airflow(args, console)
+    return main_airflow(args, console, cluster=cluster)
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -32,7 +32,7 @@ from falkirk_dev.demo.base import (
     TERMINAL,
     DemoError,
 )
-from falkirk_dev.demo.golden import _verdict, golden_outputs
+from falkirk_dev.demo.golden import _save_figures, _verdict, engines, golden_outputs
 from falkirk_dev.demo.report import (
     checks_summary,
     progress_over_time,
@@ -40,6 +40,7 @@ from falkirk_dev.demo.report import (
     report_html,
     throughput_per_epoch,
 )
+from falkirk_dev.harness import profile
 
 
 def airflow_password(home: Path) -> str:
@@ -155,8 +156,9 @@ class AirflowDemo:
     """One Airflow-driven run of the reference pipeline on a sandbox under ``root``."""
 
     def __init__(self, root: Path, console, keep_airflow: bool, live_checks: bool,
-                 port: int | None, timeout_s: float):
+                 port: int | None, timeout_s: float, cluster: bool = False):
         self.root = root
+        self.cluster = cluster  # on bin/cluster up's engines, with the CeleryExecutor
         self.sandbox = root / "airflow-run"
         self.home = root / "airflow"
         self.console = console
@@ -226,15 +228,23 @@ class AirflowDemo:
                     "FALKIRK_LAKE": str(self.sandbox / "lake"),
                     "FALKIRK_VAR_DIR": str(self.sandbox / "var"),
                     "FALKIRK_BATCH_EPOCHS": str(self.epochs)})
-        if self.broker is not None:
-            env["FALKIRK_KAFKA_BOOTSTRAP"] = self.broker.bootstrap
+        if self.run is not None:  # the run's lake (on the cluster: its object store
+            env.update(self.run.env)  # prefix and credentials), var folder and broker
+        if self.cluster:
+            from falkirk_dev import cluster
+
+            env["FALKIRK_ENV"] = "cluster"
+            if self.run is not None:  # what bin/airflow would ask the cluster for; the
+                # cluster's folder is not the sandbox's FALKIRK_VAR_DIR
+                env.update(cluster.airflow_settings(self.home))
         return env
 
     def start_sandbox(self) -> None:
         from falkirk.local.broker import LocalBroker
         from falkirk_dev.harness import LocalRun
 
-        self.broker = LocalBroker(self.sandbox / "broker").start()
+        self.broker, _ = engines(self.cluster, airflow=True)
+        self.broker = (self.broker or LocalBroker(self.sandbox / "broker")).start()
         self.run = LocalRun(self.sandbox, broker=self.broker).__enter__()
         info = self.run.generate(**DEMO_INPUT)
         self.env = self._airflow_env()
@@ -648,22 +658,37 @@ class AirflowDemo:
             self.broker.stop()
 
 
-def main_airflow(args: Namespace, console) -> int:
+def main_airflow(args: Namespace, console, cluster: bool = False) -> int:
+    """The Airflow-driven demo; with ``cluster``, on the engines of ``bin/cluster up``
+    (the failure-free run stays on the embedded defaults)."""
     from falkirk_dev.harness import compare
+
+    _, engines_note = engines(cluster, airflow=True)  # refuses before anything changes
+    with profile("cluster" if cluster else os.environ.get("FALKIRK_ENV", "local")):
+        return _main_airflow(args, console, cluster, engines_note, compare)
+
+
+def _main_airflow(args: Namespace, console, cluster: bool, engines_note: str,
+                  compare) -> int:
 
     root = Path(getattr(args, "root", None) or REPO_ROOT / "var" / "demo").resolve()
     root.mkdir(parents=True, exist_ok=True)
     demo = AirflowDemo(root, console, keep_airflow=getattr(args, "keep_airflow", True),
                        live_checks=getattr(args, "live_checks", False),
                        port=getattr(args, "port", None),
-                       timeout_s=getattr(args, "timeout", 1800))
+                       timeout_s=getattr(args, "timeout", 1800), cluster=cluster)
     t = demo.t0
     demo.clean()
     t = demo.phase("clean up a previous demo", t)
-    golden, golden_note, _ = golden_outputs(root, console, getattr(args, "fresh_golden", False))
+    with profile("local"):
+        golden, golden_note, _ = golden_outputs(root, console,
+                                                getattr(args, "fresh_golden", False))
+    golden_note = f"{golden_note} {engines_note}"
+    console.log(engines_note)
     t = demo.phase("failure-free run", t)
     failed = True
     try:
+        t_run = t
         demo.start_sandbox()
         t = demo.phase("broker and input", t)
         demo.start_airflow()
@@ -677,6 +702,7 @@ def main_airflow(args: Namespace, console) -> int:
         t = demo.phase("kill → recovered (supervisor)", t)
         demo.until_done()
         t = demo.phase("recovered → every epoch done", t)
+        run_s = t - t_run
         demo.end_supervision()
         t = demo.phase("end supervision", t)
         checks = demo.validate()
@@ -697,6 +723,8 @@ def main_airflow(args: Namespace, console) -> int:
         report.write_text(report_html(demo.run.pipeline, plan, comparison, series,
                                       demo.timings, golden_note, airflow, checks, progress,
                                       sent))
+        _save_figures(root, cluster, {**demo.timings, "run with the failure": run_s},
+                      series, comparison, airflow=True)
         failed = False
     finally:
         demo.shutdown(failed)

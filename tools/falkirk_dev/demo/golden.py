@@ -3,7 +3,6 @@ the same) and the direct mode (no Airflow)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -12,10 +11,12 @@ import time
 from argparse import Namespace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from falkirk.config import REPO_ROOT
 from falkirk_dev.demo.base import DEMO_INPUT, KILL_EPOCH, KILLED_REGION, DemoError
 from falkirk_dev.demo.report import report_html, throughput_per_epoch
+from falkirk_dev.harness import profile
 
 
 def fingerprint(inputs: dict) -> str:
@@ -76,18 +77,27 @@ def golden_outputs(root: Path, console, fresh: bool) -> tuple[dict, str, float]:
 
 
 
-@contextlib.contextmanager
-def _profile(env: str):
-    """Run the block (and the jobs it starts) under the config profile ``env``."""
-    before = os.environ.get("FALKIRK_ENV")
-    os.environ["FALKIRK_ENV"] = env
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["FALKIRK_ENV"]
-        else:
-            os.environ["FALKIRK_ENV"] = before
+def engines(cluster: bool, airflow: bool = False) -> tuple[Any, str]:
+    """The broker of the run with the failure (None: its own embedded one) and what the
+    report says it ran on; on the cluster, refuses unless it is up and healthy."""
+    if not cluster:
+        return None, ("Engines: this machine's embedded defaults (local[2] Spark drivers, "
+                      "one Apache Kafka broker in KRaft mode, Delta on local files" +
+                      (", Airflow's LocalExecutor on SQLite)." if airflow else ")."))
+    from falkirk_dev import cluster as local_cluster
+
+    if os.environ.get("FALKIRK_ENV", "cluster") != "cluster":
+        raise DemoError(f"--cluster runs on FALKIRK_ENV=cluster, not "
+                        f"{os.environ['FALKIRK_ENV']!r}")
+    up = local_cluster.engines()  # refuses when no healthy cluster is up
+    return local_cluster.ClusterKafka("reference"), (
+        f"Engines of the run with the failure: the local cluster of bin/cluster up, {up}; "
+        f"jobs submitted to its Spark master (FALKIRK_ENV=cluster), topics with 3 replicas, "
+        f"the Delta tables in its object store (s3a:// for Spark, put-if-absent commits "
+        f"for delta-rs)" + ("; Airflow with the CeleryExecutor (its metadata in the "
+                           "cluster's PostgreSQL, Redis as broker, 2 Celery workers)"
+                           if airflow else "") + ". The failure-free run: the embedded "
+        "defaults.")
 
 
 def main_direct(args: Namespace, console, cluster: bool = False) -> int:
@@ -102,29 +112,15 @@ def main_direct(args: Namespace, console, cluster: bool = False) -> int:
     shutil.rmtree(root / "with-failure", ignore_errors=True)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    broker, engines_note = None, "Engines: this machine's embedded defaults (local[2] " \
-        "Spark drivers, one Apache Kafka broker in KRaft mode, Delta on local files)."
-    if cluster:
-        from falkirk_dev import cluster as local_cluster
-
-        if os.environ.get("FALKIRK_ENV", "cluster") != "cluster":
-            raise DemoError(f"--cluster runs on FALKIRK_ENV=cluster, not "
-                            f"{os.environ['FALKIRK_ENV']!r}")
-        engines = local_cluster.engines()  # refuses when no healthy cluster is up
-        broker = local_cluster.ClusterKafka("reference")
-        engines_note = (f"Engines of the run with the failure: the local cluster of "
-                        f"bin/cluster up, {engines}; jobs submitted to its Spark master "
-                        f"(FALKIRK_ENV=cluster), topics with 3 replicas, the Delta tables "
-                        f"in its object store (s3a:// for Spark, put-if-absent commits "
-                        f"for delta-rs). The failure-free run: the embedded defaults.")
-    with _profile("local"):
+    broker, engines_note = engines(cluster)
+    with profile("local"):
         golden, golden_note, seconds = golden_outputs(root, console,
                                                       getattr(args, "fresh_golden", True))
     timings["failure-free run"] = seconds
     console.log(engines_note)
 
     t1 = time.monotonic()
-    with _profile("cluster" if cluster else os.environ.get("FALKIRK_ENV", "local")), \
+    with profile("cluster" if cluster else os.environ.get("FALKIRK_ENV", "local")), \
             LocalRun(root / "with-failure",
                      broker=broker.start() if broker is not None else None) as run:
         with console.status("run with a failure: generating input, starting the jobs…"):
@@ -158,11 +154,11 @@ def main_direct(args: Namespace, console, cluster: bool = False) -> int:
 
 
 def _save_figures(root: Path, cluster: bool, timings: dict, series: dict,
-                  comparison: dict) -> None:
+                  comparison: dict, airflow: bool = False) -> None:
     """The run's figures as JSON beside the report (``figures.json``): timings, input
     records per second per epoch, lost and duplicated, and where it ran."""
     (root / "figures.json").write_text(json.dumps({
-        "engines": "cluster" if cluster else "local", "timings_s": timings,
+        "engines": "cluster" if cluster else "local", "airflow": airflow, "timings_s": timings,
         "input": DEMO_INPUT,
         # the demo's input over the run with the failure (start, kill, rollback, restart)
         "events_per_s": DEMO_INPUT["events"] / timings["run with the failure"],
