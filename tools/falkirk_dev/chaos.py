@@ -315,6 +315,8 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
         else:
             broker = stack.enter_context(LocalBroker(workdir / "chaos" / "broker"))
         run = stack.enter_context(LocalRun(workdir / "chaos", broker=broker))
+        if cluster:  # a recovery there took over 5 min (JVMs, executors, S3 round trips):
+            run.idle_timeout_s = 1800.0  # its readers wait for it instead of failing too
         run.generate(**data)
         run.start(until_epoch=last)
         c = Campaign(run, broker, rng, say, cluster=cluster)

@@ -40,6 +40,9 @@ class LocalRun:
         self.broker = broker
         self.procs: dict[str, subprocess.Popen] = {}
         self.until_epoch: int | None = None
+        # How long a job waits for its inputs' next epoch before it fails (a sandbox must
+        # not hang forever; the streams supervisor's jobs wait as long as it takes).
+        self.idle_timeout_s = 300.0
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -101,7 +104,8 @@ class LocalRun:
             self.until_epoch = until_epoch
         held = bool(self.pipeline.checks_setting("hold"))
         # Readers of a held pipeline also wait for the validator: give them longer.
-        args = ["--idle-timeout", "1200" if held else "300"]
+        idle = max(self.idle_timeout_s, 1200.0) if held else self.idle_timeout_s
+        args = ["--idle-timeout", f"{idle:.0f}"]
         if self.until_epoch is not None:
             args += ["--until-epoch", str(self.until_epoch)]
         for job in jobs or list(self.jobs):
