@@ -277,8 +277,9 @@ def airflow() -> dict[str, dict]:
                                           f'--hostname "$${{HOSTNAME}}"'],
                             interval=30, retries=5, start=60)
 
+    kafka = [_hostport(a)[0] for a in CFG.kafka_bootstrap.split(",")]
     engines = {name: {"condition": "service_healthy"}
-               for name in [*kafka_nodes(), urlparse(CFG.spark_master).hostname]}
+               for name in [*kafka, urlparse(CFG.spark_master).hostname]}
     out = {
         "airflow-init": service(["db", "migrate"], restart="no", depends_on={
             "postgres": {"condition": "service_healthy"}}),

@@ -156,9 +156,11 @@ class AirflowDemo:
     """One Airflow-driven run of the reference pipeline on a sandbox under ``root``."""
 
     def __init__(self, root: Path, console, keep_airflow: bool, live_checks: bool,
-                 port: int | None, timeout_s: float, cluster: bool = False):
+                 port: int | None, timeout_s: float, cluster: bool = False,
+                 cluster_broker=None):
         self.root = root
         self.cluster = cluster  # on bin/cluster up's engines, with the CeleryExecutor
+        self.cluster_broker = cluster_broker  # its Kafka (ClusterKafka) when on it
         self.sandbox = root / "airflow-run"
         self.home = root / "airflow"
         self.console = console
@@ -243,8 +245,7 @@ class AirflowDemo:
         from falkirk.local.broker import LocalBroker
         from falkirk_dev.harness import LocalRun
 
-        self.broker, _ = engines(self.cluster, airflow=True)
-        self.broker = (self.broker or LocalBroker(self.sandbox / "broker")).start()
+        self.broker = (self.cluster_broker or LocalBroker(self.sandbox / "broker")).start()
         self.run = LocalRun(self.sandbox, broker=self.broker).__enter__()
         info = self.run.generate(**DEMO_INPUT)
         self.env = self._airflow_env()
@@ -661,22 +662,21 @@ class AirflowDemo:
 def main_airflow(args: Namespace, console, cluster: bool = False) -> int:
     """The Airflow-driven demo; with ``cluster``, on the engines of ``bin/cluster up``
     (the failure-free run stays on the embedded defaults)."""
-    from falkirk_dev.harness import compare
-
-    _, engines_note = engines(cluster, airflow=True)  # refuses before anything changes
+    broker, engines_note = engines(cluster, airflow=True)  # refuses before anything changes
     with profile("cluster" if cluster else os.environ.get("FALKIRK_ENV", "local")):
-        return _main_airflow(args, console, cluster, engines_note, compare)
+        return _main_airflow(args, console, cluster, broker, engines_note)
 
 
-def _main_airflow(args: Namespace, console, cluster: bool, engines_note: str,
-                  compare) -> int:
+def _main_airflow(args: Namespace, console, cluster: bool, broker, engines_note: str) -> int:
+    from falkirk_dev.harness import compare
 
     root = Path(getattr(args, "root", None) or REPO_ROOT / "var" / "demo").resolve()
     root.mkdir(parents=True, exist_ok=True)
     demo = AirflowDemo(root, console, keep_airflow=getattr(args, "keep_airflow", True),
                        live_checks=getattr(args, "live_checks", False),
                        port=getattr(args, "port", None),
-                       timeout_s=getattr(args, "timeout", 1800), cluster=cluster)
+                       timeout_s=getattr(args, "timeout", 1800), cluster=cluster,
+                       cluster_broker=broker)
     t = demo.t0
     demo.clean()
     t = demo.phase("clean up a previous demo", t)
