@@ -47,9 +47,9 @@ RUN uv sync --locked --no-dev --extra cluster
 # The JVM parts (Spark's Kafka connector, delta-spark, hadoop-aws with the AWS SDK, the
 # Kafka and S3Proxy jars) from Maven Central with `falkirk jars`, as bin/setup does: jobs
 # load them with spark.jars and the class path (the compose profile's object_store_jars),
-# never at start.
+# never at start. No class-data archive (falkirk.io.classdata): a build runs no JVM.
 RUN set -eux; \
-    FALKIRK_JARS_DIR=/opt/falkirk/jvm/lib /opt/venv/bin/falkirk jars; \
+    FALKIRK_JARS_DIR=/opt/falkirk/jvm/lib /opt/venv/bin/falkirk jars --no-class-data; \
     rm -rf /root/.m2
 
 # A non-root user (uid 50000, group 0 as in Airflow's own image); the folders that

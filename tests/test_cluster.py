@@ -4,9 +4,10 @@ broker loses no acknowledged record, executors on the workers read the topics wi
 shipped connector jars, a lost worker's tasks run again on the other, epochs committed to
 Delta tables in the object store survive its restart (a commit made while it was down
 completes once it is back), two delta-rs writers of one version cannot both win, and
-``down`` leaves nothing. The reference pipeline, its batch region driven by Airflow with
-Celery on the cluster, rides out a lost broker, Spark worker, Celery worker and object
-store with the failure-free outputs."""
+``down`` leaves nothing. A user's batch epoch run by Airflow with Celery on the cluster
+is retried on the other worker when its Celery worker is lost, and committed once; the
+reference pipeline rides out a lost broker, Spark worker and object store with the
+failure-free outputs (``bin/test --full``)."""
 
 from __future__ import annotations
 
@@ -257,44 +258,138 @@ def test_airflow_on_the_cluster_profile_refuses_to_start_without_the_cluster(env
     assert not (home / "airflow.pid").exists() and not list(home.glob("celery-worker-*"))
 
 
-@pytest.mark.full(reason=(
-    "the whole reference pipeline on the cluster, then Airflow with Celery: ~18 min on a slow "
-    "CI machine. The default run has its infrastructure faults on the cluster (a lost "
-    "broker, a killed Spark worker, the object store restarted under a read and a commit: "
-    "test_cluster_up_runs_spark_on_the_workers_survives_a_lost_broker_and_down_ends_it) "
-    "and the generated DAGs running a pipeline under Airflow (tests/test_init.py)"))
-def test_the_reference_pipeline_under_airflow_with_celery_rides_out_infrastructure_faults(
-        env, golden, tmp_path, monkeypatch):
-    """Infrastructure faults are the engines' to absorb, not falkirk's. The reference
-    pipeline runs on the cluster, its jobs on the Spark master: the stream jobs through
-    epoch 4 and the batch region popularity by hand through epoch 3, while a Kafka broker
-    is lost (mid-epoch 1 of ingest: the other two hold every acknowledged record), a Spark
-    worker is killed and started again (mid-epoch 2 of communities: Spark reruns the lost
-    tasks) and the object store is killed and started again (mid-epoch 3 of serve: s3a
-    and delta-rs retry). Then popularity is handed to its batch DAG in Airflow on the
-    cluster (bin/airflow, FALKIRK_ENV=cluster: metadata in the cluster's PostgreSQL, the
-    CeleryExecutor on Redis with 2 workers; FALKIRK_BATCH_FIRST_EPOCH=4), and the Celery
-    worker running epoch 4 is lost with its task and Spark driver: Airflow fails the task
-    when its heartbeats stop and retries it on the other worker. (Every epoch run by
-    Airflow beside the streams cost minutes on 2 cores: all five so made this test 31
-    min.) No job fails, the batch run succeeds, nothing is rolled back, and every output
-    equals the failure-free run on the embedded defaults: the retried epoch is in the
-    tables once."""
+def _session(pid: int) -> int | None:
+    with contextlib.suppress(OSError):
+        return os.getsid(pid)
+    return None
+
+
+def _session_members(sid: int) -> list[int]:
     import psutil
 
+    return [p.pid for p in psutil.process_iter() if _session(p.pid) == sid]
+
+
+def test_a_lost_celery_worker_s_batch_epoch_is_retried_on_the_other_and_committed_once(
+        env, tmp_path, monkeypatch):
+    """A user's pipeline (``falkirk init``) on the cluster: its stream region clean
+    commits epoch 0 on the Spark master, then its batch DAG runs page_counts' epoch 0 in
+    Airflow on the cluster (bin/airflow, FALKIRK_ENV=cluster: metadata in the cluster's
+    PostgreSQL, the CeleryExecutor on Redis with 2 workers). The Celery worker running it
+    is lost with its task and Spark driver, all at once, as when its machine goes away:
+    Airflow fails the task when its heartbeats stop and retries it on the other worker.
+    The run succeeds on its second try, nothing is rolled back, and the epoch is in the
+    table once: its rows are the clicks per page of clean's epoch 0."""
+    import psutil
+
+    from falkirk.io.lake import read_table
     from falkirk_dev.demo.airflow import AirflowAPI, _free_port_block
 
     up = _cluster(env, "up")
     assert up.returncode == 0, up.stdout + up.stderr
     monkeypatch.setenv("FALKIRK_ENV", "cluster")
     monkeypatch.setenv("FALKIRK_VAR_DIR", env["FALKIRK_VAR_DIR"])
+    folder = tmp_path / "pipelines" / "clicks"
+    made = subprocess.run([sys.executable, "-m", "falkirk.cli", "init", str(folder)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    declared = folder / "pipeline.yaml"
     home, bin_airflow = tmp_path / "airflow", str(REPO_ROOT / "bin" / "airflow")
-    dag, handover = "falkirk_reference_batch_popularity", EPOCHS - 1
+    dag = "falkirk_clicks_batch_page_counts"
+    with LocalRun(tmp_path / "run", declared,
+                  broker=cluster.ClusterKafka(str(declared)).start()) as run:
+        run.produce_files(folder / "input")
+        run.start(["jobs/clean.py"], until_epoch=0)  # beside Airflow's start
+        aenv = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        # What `bin/airflow` asks the cluster for itself; here the cluster's folder is not
+        # the sandbox's FALKIRK_VAR_DIR, as a remote cluster's would not be.
+        aenv.update(cluster.airflow_settings(home), **run.env, FALKIRK_ENV="cluster",
+                    FALKIRK_AIRFLOW_HOME=str(home), FALKIRK_PIPELINES=str(folder.parent),
+                    FALKIRK_BATCH_EPOCHS="1", FALKIRK_AIRFLOW_PASSWORD="falkirk-test",
+                    # the lost task is failed 45 s after its last heartbeat
+                    AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="45")
+        port = _free_port_block()
+        try:
+            started = subprocess.run([bin_airflow, "start", "--port", str(port)], env=aenv,
+                                     timeout=600, capture_output=True, text=True)
+            assert started.returncode == 0, started.stdout + started.stderr
+            assert "Celery worker 2" in started.stdout
+            workers = {int((home / f"celery-worker-{i}.pgid").read_text()) for i in (1, 2)}
+            api = AirflowAPI(f"http://127.0.0.1:{port}", home)
+            run.wait_for(lambda: api._request("GET", f"/api/v2/dags/{dag}")[0] == 200,
+                         timeout_s=300, what="the dag processor to parse the batch DAG")
+            api.pause(dag, False)
+
+            def page_counts_worker() -> int | None:
+                """The Celery worker (its session: Airflow gives each task a process group
+                of its own in it) whose task runs page_counts' driver for epoch 0."""
+                for proc in psutil.process_iter(["cmdline"]):
+                    cmd = proc.info["cmdline"] or []
+                    if any(a.endswith("page_counts.py") for a in cmd) and "--epoch" in cmd \
+                            and cmd[cmd.index("--epoch") + 1] == "0" \
+                            and _session(proc.pid) in workers:
+                        return _session(proc.pid)
+                return None
+
+            run.wait_for(lambda: page_counts_worker() is not None, timeout_s=600,
+                         what="page_counts' epoch 0 running on a Celery worker")
+            lost = page_counts_worker()
+            for pid in _session_members(lost):  # the worker's machine is lost: all at once
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            run.wait_for(lambda: not _session_members(lost), timeout_s=30,
+                         what="the lost worker's processes to end")
+
+            def states() -> list[str]:
+                return [r["state"] for r in api.runs(dag)]
+
+            run.wait_for(lambda: states() in (["success"], ["failed"]), timeout_s=600,
+                         what="the batch run of epoch 0 to end")
+            [only] = api.runs(dag)
+            assert only["state"] == "success", only
+            assert api.tasks(dag, only["dag_run_id"])["page_counts"]["try_number"] == 2
+            assert _session_members(next(w for w in workers if w != lost))  # the other one
+        finally:
+            subprocess.run([bin_airflow, "stop"], env=aenv, timeout=180, capture_output=True)
+        assert run.wait(timeout_s=300) == {"jobs/clean.py": 0}
+        assert run.log.rollbacks("clicks") == []  # nothing for falkirk to recover
+        entries = run.log.regions(run.pipeline)["page_counts"].entries.values()
+        assert [(e.epoch, e.status) for e in entries] == [(0, "committed")]
+        opts = run.cfg.delta_storage_options
+        clean = read_table(run.cfg.table("clean_clicks"), storage_options=opts).to_pylist()
+        counts = read_table(run.cfg.table("page_counts"), storage_options=opts).to_pylist()
+    per_page: dict[str, int] = {}
+    for row in clean:
+        if row["epoch"] == 0:
+            per_page[row["page"]] = per_page.get(row["page"], 0) + 1
+    assert per_page  # the input has clicks in epoch 0
+    assert sorted((r["epoch"], r["page"], r["clicks"]) for r in counts) == sorted(
+        (0, page, n) for page, n in per_page.items())
+
+
+@pytest.mark.full(reason=(
+    "the whole reference pipeline on the cluster: ~12 min on a slow CI machine. The "
+    "default run has the same infrastructure faults on the cluster (a lost broker, a "
+    "killed Spark worker, the object store restarted under a read and a commit: "
+    "test_cluster_up_runs_spark_on_the_workers_survives_a_lost_broker_and_down_ends_it; "
+    "a lost Celery worker under a batch epoch: "
+    "test_a_lost_celery_worker_s_batch_epoch_is_retried_on_the_other_and_committed_once)"))
+def test_the_reference_pipeline_on_the_cluster_rides_out_infrastructure_faults(
+        env, golden, tmp_path, monkeypatch):
+    """Infrastructure faults are the engines' to absorb, not falkirk's. The reference
+    pipeline runs on the cluster, its jobs on the Spark master, while a Kafka broker is
+    lost (mid-epoch 1 of ingest: the other two hold every acknowledged record), a Spark
+    worker is killed and started again (mid-epoch 2 of communities: Spark reruns the lost
+    tasks) and the object store is killed and started again (mid-epoch 3 of serve: s3a
+    and delta-rs retry). No job fails, nothing is rolled back, and every output equals the
+    failure-free run on the embedded defaults."""
+    up = _cluster(env, "up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    monkeypatch.setenv("FALKIRK_ENV", "cluster")
+    monkeypatch.setenv("FALKIRK_VAR_DIR", env["FALKIRK_VAR_DIR"])
     with LocalRun(tmp_path / "run", broker=cluster.ClusterKafka("reference").start()) as run:
         run.generate(**INPUT)
-        by_hand = next(j for j, hosted in run.jobs.items() if "popularity" in hosted)
-        run.start([by_hand], until_epoch=handover - 1)
-        run.start([j for j in run.jobs if j != by_hand], until_epoch=EPOCHS - 1)
+        run.start(until_epoch=EPOCHS - 1)
         faults = [(lambda: run.epoch_running("ingest", 1), "ingest mid-epoch 1",
                    lambda: cluster.kill("kafka-2")),
                   (lambda: run.epoch_running("communities", 2), "communities mid-epoch 2",
@@ -311,67 +406,6 @@ def test_the_reference_pipeline_under_airflow_with_celery_rides_out_infrastructu
             time.sleep(0.5)
         codes = run.wait(timeout_s=1500)
         assert set(codes.values()) == {0}, {j: str(run.log_file(j)) for j in codes}
-
-        aenv = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-        # What `bin/airflow` asks the cluster for itself; here the cluster's folder is not
-        # the sandbox's FALKIRK_VAR_DIR, as a remote cluster's would not be.
-        aenv.update(cluster.airflow_settings(home), **run.env, FALKIRK_ENV="cluster",
-                    FALKIRK_AIRFLOW_HOME=str(home), FALKIRK_BATCH_EPOCHS=str(EPOCHS),
-                    FALKIRK_BATCH_FIRST_EPOCH=str(handover),
-                    FALKIRK_AIRFLOW_PASSWORD="falkirk-test",
-                    # the lost task is failed 45 s after its last heartbeat
-                    AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="45")
-        port = _free_port_block()
-        try:
-            started = subprocess.run([bin_airflow, "start", "--port", str(port)], env=aenv,
-                                     timeout=600, capture_output=True, text=True)
-            assert started.returncode == 0, started.stdout + started.stderr
-            assert "Celery worker 2" in started.stdout
-            workers = {int((home / f"celery-worker-{i}.pgid").read_text()) for i in (1, 2)}
-            api = AirflowAPI(f"http://127.0.0.1:{port}", home)
-            run.wait_for(lambda: api._request("GET", f"/api/v2/dags/{dag}")[0] == 200,
-                         timeout_s=300, what="the dag processor to parse the batch DAG")
-            api.pause(dag, False)
-
-            def session(pid: int) -> int | None:
-                with contextlib.suppress(OSError):
-                    return os.getsid(pid)
-                return None
-
-            def popularity_worker(epoch: int) -> int | None:
-                """The Celery worker (its session: Airflow gives each task a process group
-                of its own in it) whose task runs popularity's driver for ``epoch``."""
-                for proc in psutil.process_iter(["cmdline"]):
-                    cmd = proc.info["cmdline"] or []
-                    if any(a.endswith("popularity.py") for a in cmd) and "--epoch" in cmd \
-                            and cmd[cmd.index("--epoch") + 1] == str(epoch) \
-                            and session(proc.pid) in workers:
-                        return session(proc.pid)
-                return None
-
-            def members(sid: int) -> list[int]:
-                return [p.pid for p in psutil.process_iter() if session(p.pid) == sid]
-
-            run.wait_for(lambda: popularity_worker(handover) is not None, timeout_s=900,
-                         what=f"popularity's epoch {handover} running on a Celery worker")
-            lost = popularity_worker(handover)
-            for pid in members(lost):  # the worker's machine is lost: all of it at once
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            run.wait_for(lambda: not members(lost), timeout_s=30,
-                         what="the lost worker's processes to end")
-
-            def states() -> list[str]:
-                return [r["state"] for r in api.runs(dag)]
-
-            run.wait_for(lambda: states() in (["success"], ["failed"]), timeout_s=900,
-                         what=f"the batch run of epoch {handover} to end")
-            [only] = api.runs(dag)
-            assert only["state"] == "success", only
-            assert api.tasks(dag, only["dag_run_id"])["popularity"]["try_number"] == 2
-            assert members(next(w for w in workers if w != lost))  # the other one
-        finally:
-            subprocess.run([bin_airflow, "stop"], env=aenv, timeout=180, capture_output=True)
         assert run.log.rollbacks("reference") == []  # nothing for falkirk to recover
         outputs, sent = run.outputs(), run.sent()
     assert sent["responses"]["resent"] == 0

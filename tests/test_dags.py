@@ -264,8 +264,12 @@ def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(d
     assert dagbag.dags[BATCH].get_task("popularity").conf == given
     # local drivers: C1 only, serial GC (2 cores shared by four JVMs), and the code cache
     # of tiered compilation (C1 alone gets 48 MB, which long streaming queries fill)
+    # and the class-data archive `falkirk jars` trained for them (falkirk.io.classdata)
+    from falkirk.io.classdata import archive
+
     assert given["spark.driver.extraJavaOptions"].split() == [
-        "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:ReservedCodeCacheSize=240m"]
+        "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:ReservedCodeCacheSize=240m",
+        f"-XX:SharedArchiveFile={archive(cfg)}"]
 
 
 def _job_ended(pipeline, job: str, status: str, code: int | None) -> None:

@@ -230,7 +230,8 @@ def cmd_jars(args: argparse.Namespace) -> int:
     """Fetch the JVM jars (Spark's Kafka connector, delta-spark, the Kafka broker,
     hadoop-aws with the AWS SDK, the cluster's object store) from Maven Central into the
     jar folder, or only check them (--check)."""
-    from falkirk.io import jars
+    from falkirk.config import load
+    from falkirk.io import classdata, jars
 
     try:
         for name in jars.SETS:
@@ -238,7 +239,14 @@ def cmd_jars(args: argparse.Namespace) -> int:
                 print(f"fetched the {name} jars into {jars.lib_dir() / name}")
             found = jars.jars(name)
             print(f"{name}: {len(found)} jars in {jars.lib_dir() / name}, complete")
-    except jars.JarsError as err:
+        cfg = load()
+        if not args.check and not args.no_class_data:
+            classdata.train(cfg)
+        archive = classdata.archive(cfg)
+        print(f"class-data archive for profile {cfg.env!r}: " + (
+            str(archive) if archive is not None and archive.is_file() else
+            "none (falkirk jars trains it)"))
+    except (jars.JarsError, classdata.ClassDataError) as err:
         raise CliError(str(err)) from None
     return 0
 
@@ -480,8 +488,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("jars", help="fetch the JVM jars (Kafka connector, delta-spark, the "
-                       "Kafka broker) from Maven Central, once")
+                       "Kafka broker) from Maven Central, once, and train the drivers' "
+                       "class-data archive")
     p.add_argument("--check", action="store_true", help="only check them; fetch nothing")
+    p.add_argument("--no-class-data", action="store_true", help="do not train the Spark "
+                   "drivers' class-data archive (falkirk.io.classdata; about a minute, once)")
     p.set_defaults(func=cmd_jars)
 
     p = sub.add_parser("bound", help="declare the input ended where its topics end now: "

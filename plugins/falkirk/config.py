@@ -73,6 +73,11 @@ class Config:
     def spark_launch_conf(self) -> dict[str, str]:
         """Spark settings that must be given when the driver starts (spark-submit --conf,
         or the builder before the JVM exists): the same for jobs, DAG tasks and tests."""
+        return self.launch_conf()
+
+    def launch_conf(self, class_data: bool = True) -> dict[str, str]:
+        """``spark_launch_conf``; with ``class_data``, the driver maps the profile's
+        class-data archive when ``falkirk jars`` trained it (falkirk.io.classdata)."""
         from falkirk.io.jars import spark_jars
 
         conf = {"spark.sql.shuffle.partitions": str(self.spark_shuffle_partitions),
@@ -86,8 +91,13 @@ class Config:
                 # Delta rebuilds a table's snapshot with 50 tasks by default: 2 cores here.
                 "spark.databricks.delta.snapshotPartitions":
                     str(self.spark_shuffle_partitions)}
-        if self.spark_driver_java_options:
-            conf["spark.driver.extraJavaOptions"] = self.spark_driver_java_options
+        options = self.spark_driver_java_options
+        if class_data:
+            from falkirk.io.classdata import java_options
+
+            options = " ".join(filter(None, [options, java_options(self)]))
+        if options:
+            conf["spark.driver.extraJavaOptions"] = options
         if "://127.0.0.1:" in self.spark_master:  # a cluster on loopback: stay on it
             conf["spark.driver.host"] = "127.0.0.1"
         if self.lake.startswith("s3://"):

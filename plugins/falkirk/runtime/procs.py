@@ -53,7 +53,8 @@ def job_command(job: str | Path, args: list[str], cfg: Config | None = None) -> 
     return [str(submit), "--master", cfg.spark_master, *confs, str(Path(job).resolve()), *args]
 
 
-def _env() -> dict[str, str]:
+def job_env() -> dict[str, str]:
+    """The environment a job starts in: this interpreter for Spark's Python, loopback locally."""
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -75,7 +76,7 @@ def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
     cmd = job_command(pipeline.job_path(job), ["--pipeline", pipeline.source or pipeline.name,
                                                 *(args or [])], cfg)
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                            env={**_env(), **(env or {})}, start_new_session=True)
+                            env={**job_env(), **(env or {})}, start_new_session=True)
     out.close()
     (run_dir / f"{name}.json").write_text(json.dumps({
         "pid": proc.pid, "pgid": proc.pid, "job": job, "regions": jobs_of(pipeline)[job],
