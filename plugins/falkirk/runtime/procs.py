@@ -40,16 +40,18 @@ def log_file(pipeline: Pipeline, job: str, cfg: Config | None = None) -> Path:
     return _dirs(cfg)[1] / f"{pipeline.name}-{Path(job).stem}.log"
 
 
-def job_command(job: str | Path, args: list[str], cfg: Config | None = None) -> list[str]:
+def job_command(job: str | Path, args: list[str], cfg: Config | None = None,
+                conf: dict[str, str] | None = None) -> list[str]:
     """spark-submit of a job entry point (a path, e.g. ``Pipeline.job_path``'s), on this
-    profile's master."""
+    profile's master, with its launch settings (or ``conf``)."""
     cfg = cfg or load()
     submit = Path(sys.executable).parent / "spark-submit"  # pip's pyspark puts it there
     if not submit.exists():  # else pyspark's own copy (an environment without its scripts)
         import pyspark
 
         submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    confs = [arg for k, v in cfg.spark_launch_conf.items() for arg in ("--conf", f"{k}={v}")]
+    confs = [arg for k, v in (cfg.spark_launch_conf if conf is None else conf).items()
+             for arg in ("--conf", f"{k}={v}")]
     return [str(submit), "--master", cfg.spark_master, *confs, str(Path(job).resolve()), *args]
 
 

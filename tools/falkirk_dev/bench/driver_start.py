@@ -54,12 +54,7 @@ def one_driver(class_data: bool, scratch: Path) -> dict[str, float]:
     script = scratch / "driver.py"
     script.write_text(DRIVER)
     table = scratch / f"t-{time.time_ns()}"
-    cmd = job_command(script, [str(table)], cfg)
-    # the variant's JVM options in place of the profile's (job_command's are class_data's)
-    conf = cfg.launch_conf(class_data=class_data)
-    cmd = [a if not a.startswith("spark.driver.extraJavaOptions=") else
-           f"spark.driver.extraJavaOptions={conf.get('spark.driver.extraJavaOptions', '')}"
-           for a in cmd]
+    cmd = job_command(script, [str(table)], cfg, conf=cfg.launch_conf(class_data=class_data))
     started = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), timeout=900)
     ended = time.monotonic()
