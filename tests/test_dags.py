@@ -332,10 +332,14 @@ def test_a_reused_pid_is_not_the_job(tmp_path, monkeypatch):
 
 def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     """start_streams starts only jobs that neither run nor finished (unless a rollback names
-    them); watch keeps waiting when every job finished, and ends on a death."""
+    them); watch keeps waiting when every job finished (its standby drivers stopped), and
+    ends on a death."""
+    import json
+    import subprocess
+
     from falkirk.airflow import streams, supervisor
     from falkirk.model.topology import load_pipeline
-    from falkirk.runtime import procs
+    from falkirk.runtime import procs, standby
 
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
     monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
@@ -356,7 +360,16 @@ def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     assert streams.start_streams(pipeline, only=["jobs/communities.py"]) == {
         "jobs/communities.py": 1}
     sensor = supervisor.StreamsSensor(task_id="watch", pipeline="reference")
-    assert sensor.poke({}) is False  # every job finished: go on waiting
+    spare = subprocess.Popen(["sleep", "300"], start_new_session=True)  # a warm standby's
+    try:  # stand-in: the streams ended, nothing is left for it to take
+        standby.folder(pipeline).mkdir(parents=True)
+        (standby.folder(pipeline) / f"{spare.pid}.json").write_text(json.dumps(
+            {"pid": spare.pid, "process_started": procs.process_started(spare.pid)}))
+        assert sensor.poke({}) is False  # every job finished: go on waiting
+        assert spare.wait(timeout=30) is not None and standby.standbys(pipeline) == []
+    finally:
+        spare.kill()
+        spare.wait()
     _job_ended(pipeline, "jobs/serve.py", "started", None)  # then killed: no end row
     assert streams.start_streams(pipeline) == {"jobs/serve.py": 1}
     done = sensor.poke({})

@@ -114,11 +114,14 @@ def test_trials_lose_and_duplicate_nothing(golden, tmp_path):
     killed in the middle of epoch 0. Found by a 20-trial run: killed before its writer had
     created user_community, the rollback failed on the missing table. Kills at a commit and
     in a checkpoint are tested at the writer and the store (tests/test_delta.py,
-    tests/test_checkpoints.py) and are targets of longer campaigns (falkirk chaos)."""
+    tests/test_checkpoints.py) and are targets of longer campaigns (falkirk chaos).
+
+    The run keeps a warm standby driver (falkirk.runtime.standby): the killed job restarts
+    in it, and what it commits there must equal the failure-free run as well."""
     out = tmp_path / "trials.json"
     code = trials.main(Namespace(trials=1, seed=CI_SEED, events=INPUT["events"],
                                  epochs=INPUT["epochs"], json=str(out),
-                                 workdir=str(tmp_path / "work")), golden=golden)
+                                 workdir=str(tmp_path / "work"), standby=1), golden=golden)
     report = json.loads(out.read_text())
     assert code == 0, json.dumps(report, indent=1)
     assert report["seed"] == CI_SEED and report["input"] == INPUT
@@ -133,6 +136,8 @@ def test_trials_lose_and_duplicate_nothing(golden, tmp_path):
         assert t["died_by"] == "SIGKILL" and t["exit_codes"][t["job"]] in (-9, 137), t
         assert t["killed_in_epoch"] == t["epoch"], t
         assert t["region"] in t["failed"] and t["job"] in t["restarted"], t
+        # The killed job was restarted in the warm standby, not by a new spawn.
+        assert t["standby"]["took"][t["job"]] in t["standby"]["ready"], t
         assert 0 < t["recover_s"] <= t["redone_s"] <= t["finish_s"], t
         assert t["sandbox"] is None  # removed: nothing to look at
     totals = report["totals"]

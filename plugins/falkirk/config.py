@@ -64,6 +64,9 @@ class Config:
     # The executor bin/airflow runs Airflow with: LocalExecutor on one machine; the
     # CeleryExecutor on a cluster (tasks go to Celery workers through a broker).
     airflow_executor: str = "LocalExecutor"
+    # Warm Spark drivers kept per pipeline to take a (re)started job's place
+    # (falkirk.runtime.standby): each holds a JVM with a session (about 1 GB). 0: none.
+    standby_drivers: int = 0
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""

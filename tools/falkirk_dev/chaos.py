@@ -194,6 +194,7 @@ class Campaign:
                              proc.returncode != 0
                              or set(job_regions(self.run.pipeline, job)) & plan.affected))
         arm = arm or {}
+        warm = self._warm_standbys()
         self.run.start([j for j in restart if j not in arm])
         for job in restart:
             if job in arm:
@@ -203,8 +204,10 @@ class Campaign:
                 finally:
                     del self.run.env[CRASH_ENV]
                 self.armed[job] = arm[job]
+        took = sorted(j for j in restart if self.run.procs[j].pid in warm)
         self.say(f"rolled back {', '.join(failed)} (frontiers {plan.frontiers}); restarted "
-                 f"{', '.join(restart) or 'nothing'}")
+                 f"{', '.join(restart) or 'nothing'}"
+                 + (f" ({', '.join(took)} in a warm standby driver)" if took else ""))
         recovered, started = self._wait_recovered(plan.affected, plan.generation, restart)
         # Where the time went: noticing the death, the rollback (plan, stop, restore), the
         # restarted jobs' start (JVM, Spark session, state restored: their start row in
@@ -221,6 +224,15 @@ class Campaign:
                 k["recovery_s"] = (round(recovered - t_kill, 2)
                                    if recovered is not None else None)
                 k["parts"] = {n: round(v, 2) for n, v in parts.items()}
+                k["standby_took"] = took
+
+    def _warm_standbys(self) -> set[int]:
+        """The pids of the run's warm standby drivers (none unless the campaign keeps some)."""
+        from falkirk.runtime.standby import standbys
+
+        if not self.run.cfg.standby_drivers:
+            return set()
+        return {s["pid"] for s in standbys(self.run.pipeline, self.run.cfg) if s["ready"]}
 
     def _crash_a_rollback(self, failed: list[str], kill: dict[str, Any]) -> None:
         point = self.rng.choice(ROLLBACK_POINTS)
@@ -284,12 +296,13 @@ def _parts_median(kills: list[dict[str, Any]]) -> dict[str, float]:
 
 def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
              say: Callable[[str], None],
-             golden: dict[str, Any] | None = None, cluster: bool = False) -> dict[str, Any]:
+             golden: dict[str, Any] | None = None, cluster: bool = False,
+             standby: int = 0) -> dict[str, Any]:
     """Run the campaign; its figures (see the module docstring). ``golden``: the
     failure-free run's outputs of the same input when the caller has them already (the
     tests share one), else the campaign makes that run first (on the embedded defaults).
     ``cluster``: the run under faults on the local cluster, with its infrastructure among
-    the targets."""
+    the targets. ``standby``: warm standby drivers kept to take restarted jobs."""
     import contextlib
 
     from falkirk.local.broker import LocalBroker
@@ -314,7 +327,8 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
             broker = local_cluster.ClusterKafka("reference").start()
         else:
             broker = stack.enter_context(LocalBroker(workdir / "chaos" / "broker"))
-        run = stack.enter_context(LocalRun(workdir / "chaos", broker=broker))
+        run = stack.enter_context(LocalRun(workdir / "chaos", broker=broker,
+                                                standby=standby))
         if cluster:  # a recovery there took over 5 min (JVMs, executors, S3 round trips):
             run.idle_timeout_s = 1800.0  # its readers wait for it instead of failing too
         run.generate(**data)
@@ -361,6 +375,8 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
              and k["recovery_s"] >= (recoveries[int(0.95 * (len(recoveries) - 1))]
                                      if recoveries else 0)]),
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
+        "standby_drivers": standby,
+        "restarts_in_a_standby": sum(len(k.get("standby_took", [])) for k in counted),
         "engines": "cluster" if cluster else "local",
         "infrastructure_faults_that_failed_a_job": sum(
             1 for k in counted if k.get("failed_a_job")),
@@ -383,7 +399,8 @@ def main(args: Namespace) -> int:
     t0 = time.monotonic()
     result = campaign(workdir, float(args.minutes), int(args.seed), data,
                       lambda m: console.log(f"[{(time.monotonic() - t0) / 60:5.1f} min] {m}"),
-                      cluster=bool(getattr(args, "cluster", False)))
+                      cluster=bool(getattr(args, "cluster", False)),
+                      standby=int(getattr(args, "standby", 0) or 0))
     summary = {k: v for k, v in result.items() if k not in ("sent", "events")}
     console.print_json(json.dumps(summary))
     if args.json:

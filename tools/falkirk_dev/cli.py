@@ -110,6 +110,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--events", type=int, default=1500, help="events of input per run")
     p.add_argument("--epochs", type=int, default=5, help="epochs of input per run")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    p.add_argument("--standby", type=int, default=0, metavar="N",
+                   help="keep N warm standby drivers to take the restarted jobs (default 0)")
     p.set_defaults(func=cmd_trials)
 
     p = sub.add_parser("chaos", help="fault campaign: one long run, killing jobs, rollbacks "
@@ -124,6 +126,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", action="store_true",
                    help="run on the local cluster of bin/cluster up, its Kafka nodes, Spark "
                         "workers and object store among the targets")
+    p.add_argument("--standby", type=int, default=0, metavar="N",
+                   help="keep N warm standby drivers to take the restarted jobs (default 0)")
     p.set_defaults(func=cmd_chaos)
 
     p = sub.add_parser("cluster", help="a local cluster as separate processes: Spark "

@@ -68,8 +68,11 @@ class StreamsSensor(PipelineSensor):
             self.log.info("dead: %s", dead)
             return PokeReturnValue(is_done=True, xcom_value=dead)
         if not procs.running(pipeline) and not streams.pause_marker(pipeline).exists():
+            from falkirk.runtime import standby
+
             self.log.info("every stream job finished: its input ended (pause the DAG to "
-                          "stop supervising)")
+                          "stop supervising); standby drivers stopped: %s",
+                          standby.stop_all(pipeline) or "none")
         return False
 
 

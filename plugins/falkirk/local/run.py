@@ -33,7 +33,8 @@ class LocalRunError(FalkirkError):
 class LocalRun:
     """One sandboxed run of a pipeline under ``root``."""
 
-    def __init__(self, root: Path, pipeline: str | Path, broker=None):
+    def __init__(self, root: Path, pipeline: str | Path, broker=None, standby: int | None = None):
+        self.standby = standby  # warm standby drivers to keep (None: the profile's)
         self.root = Path(root).resolve()  # jobs run elsewhere: no relative lake paths
         self.pipeline: Pipeline = load_pipeline(pipeline)
         self._own_broker = broker is None
@@ -57,6 +58,8 @@ class LocalRun:
         self.cfg: Config = replace(cfg, lake=self._lake(cfg),
                                    var_dir=str(self.root / "var"),
                                    kafka_bootstrap=self.broker.bootstrap)
+        if self.standby is not None:
+            self.cfg = replace(self.cfg, standby_drivers=self.standby)
         self.env = {"FALKIRK_LAKE": self.cfg.lake, "FALKIRK_VAR_DIR": self.cfg.var_dir,
                     "FALKIRK_KAFKA_BOOTSTRAP": self.cfg.kafka_bootstrap}
         if self.cfg.storage_options:  # the jobs' var_dir is the run's: hand them the
@@ -198,6 +201,9 @@ class LocalRun:
         return row is not None and row.status == "running"
 
     def stop_all(self) -> None:
+        from falkirk.runtime.standby import stop_all
+
+        stop_all(self.pipeline, self.cfg)
         for job in list(self.procs):
             if self.procs[job].poll() is None:
                 self.kill(job)

@@ -68,23 +68,40 @@ def job_env() -> dict[str, str]:
 def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
               cfg: Config | None = None, env: dict[str, str] | None = None
               ) -> subprocess.Popen:
-    """Start a job in its own process group; its output goes to var/log/<pipeline>-<job>.log."""
-    run_dir = _dirs(cfg)[0] / pipeline.name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Start a job in its own process group; its output goes to var/log/<pipeline>-<job>.log.
+
+    With ``cfg.standby_drivers`` the job goes to a warm standby driver when one is ready
+    (falkirk.runtime.standby), and a new standby is spawned to take the next one.
+    """
+    cfg = cfg or load()
+    argv = ["--pipeline", pipeline.source or pipeline.name, *(args or [])]
+    if cfg.standby_drivers:
+        from falkirk.runtime import standby
+
+        handed = standby.hand_over(pipeline, job, argv, cfg, env)
+        standby.replenish(pipeline, cfg, env)
+        if handed is not None:
+            return handed  # type: ignore[return-value] - Popen's poll, wait, pid, returncode
     path = log_file(pipeline, job, cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
-    name = Path(job).stem
     out = open(path, "ab")  # noqa: SIM115 - the child keeps it
-    cmd = job_command(pipeline.job_path(job), ["--pipeline", pipeline.source or pipeline.name,
-                                                *(args or [])], cfg)
+    cmd = job_command(pipeline.job_path(job), argv, cfg)
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                             env={**job_env(), **(env or {})}, start_new_session=True)
     out.close()
-    (run_dir / f"{name}.json").write_text(json.dumps({
-        "pid": proc.pid, "pgid": proc.pid, "job": job, "regions": jobs_of(pipeline)[job],
-        "started": time.time(), "process_started": process_started(proc.pid), "command": cmd,
-    }))
+    record_job_process(pipeline, job, proc.pid, process_started(proc.pid), cmd, cfg)
     return proc
+
+
+def record_job_process(pipeline: Pipeline, job: str, pid: int, started: float | None,
+                       cmd: list[str], cfg: Config | None = None) -> None:
+    """Name the process (group) that runs ``job`` now, for ``running`` and the stops."""
+    run_dir = _dirs(cfg)[0] / pipeline.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / f"{Path(job).stem}.json").write_text(json.dumps({
+        "pid": pid, "pgid": pid, "job": job, "regions": jobs_of(pipeline).get(job, []),
+        "started": time.time(), "process_started": started, "command": cmd,
+    }))
 
 
 def running(pipeline: Pipeline, cfg: Config | None = None) -> list[dict]:

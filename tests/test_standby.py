@@ -1,0 +1,121 @@
+"""Warm standby drivers (falkirk.runtime.standby): how a starter hands a job to one.
+
+These tests stand a plain process in for the standby's JVM: what they check is the
+hand-over's bookkeeping (only warm standbys, one claimer each, dead ones forgotten, the
+job findable where a rollback stops jobs). A real standby taking a killed job's place and
+the outputs it commits are tested in tests/test_trials.py (its CI trial keeps one).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from falkirk.config import load
+from falkirk.model.topology import load_pipeline
+from falkirk.runtime import procs, standby
+
+JOB = "jobs/communities.py"
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return replace(load(), var_dir=str(tmp_path / "var"), lake=str(tmp_path / "lake"),
+                   standby_drivers=1)
+
+
+@pytest.fixture
+def pipeline():
+    return load_pipeline("reference")
+
+
+@pytest.fixture
+def stand_in(pipeline, cfg):
+    """A live process registered as a standby of ``pipeline``, as ``spawn`` registers one
+    (not yet warm)."""
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    where = standby.folder(pipeline, cfg)
+    where.mkdir(parents=True)
+    (where / f"{proc.pid}.json").write_text(json.dumps(
+        {"pid": proc.pid, "process_started": procs.process_started(proc.pid)}))
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def warm(pipeline, cfg, proc) -> None:
+    (standby.folder(pipeline, cfg) / f"{proc.pid}.ready").write_text("{}")
+
+
+def test_only_a_warm_standby_takes_a_job_and_it_is_found_as_the_job(pipeline, cfg, stand_in):
+    assert standby.hand_over(pipeline, JOB, ["--pipeline", "reference"], cfg) is None
+    warm(pipeline, cfg, stand_in)
+    handle = standby.hand_over(pipeline, JOB, ["--pipeline", "reference"], cfg,
+                               env={"FALKIRK_CRASH_AT": "writer:before-commit"})
+    assert handle is not None and handle.pid == stand_in.pid and handle.poll() is None
+    task = json.loads((standby.folder(pipeline, cfg) / f"{stand_in.pid}.job").read_text())
+    assert task["job"] == str(pipeline.job_path(JOB))
+    assert task["args"] == ["--pipeline", "reference"]
+    assert task["env"] == {"FALKIRK_CRASH_AT": "writer:before-commit"}
+    assert task["log"] == str(procs.log_file(pipeline, JOB, cfg))
+    # a rollback stops the jobs hosting its regions: it finds the standby as this job
+    [found] = procs.running(pipeline, cfg)
+    assert (found["job"], found["pid"], found["regions"]) == (JOB, stand_in.pid,
+                                                               ["communities"])
+    assert standby.standbys(pipeline, cfg) == []  # claimed: a job now, not a standby
+    assert standby.hand_over(pipeline, "jobs/serve.py", ["--pipeline", "reference"],
+                             cfg) is None
+    stand_in.kill()
+    stand_in.wait()
+    assert handle.poll() == -9  # killed: no end in the log of runs
+
+
+def test_two_starters_never_share_a_standby(pipeline, cfg, stand_in, monkeypatch):
+    """The interleaving forced: starter A lists the standby as ready, then starter B claims
+    it, then A goes on with its stale list. A must not also hand it a job."""
+    warm(pipeline, cfg, stand_in)
+    listed = standby.standbys
+    handed: dict[str, object] = {}
+
+    def a_lists_then_b_claims(p, c=None):
+        seen = listed(p, c)
+        if "b" not in handed:  # A's listing (B's own goes straight through)
+            handed["b"] = None
+            handed["b"] = standby.hand_over(p, "jobs/serve.py", ["--pipeline", "b"], c)
+        return seen
+
+    monkeypatch.setattr(standby, "standbys", a_lists_then_b_claims)
+    a = standby.hand_over(pipeline, JOB, ["--pipeline", "a"], cfg)
+    assert handed["b"] is not None and handed["b"].pid == stand_in.pid
+    assert a is None
+    task = json.loads((standby.folder(pipeline, cfg) / f"{stand_in.pid}.job").read_text())
+    assert task["args"] == ["--pipeline", "b"] and task["job"].endswith("serve.py")
+
+
+def test_a_dead_standby_is_skipped_and_forgotten(pipeline, cfg, stand_in):
+    warm(pipeline, cfg, stand_in)
+    stand_in.kill()
+    stand_in.wait()
+    assert standby.standbys(pipeline, cfg) == []
+    assert standby.hand_over(pipeline, JOB, ["--pipeline", "reference"], cfg) is None
+    assert list(standby.folder(pipeline, cfg).iterdir()) == []
+
+
+def test_stopping_the_standbys_leaves_the_jobs_they_took(pipeline, cfg, stand_in):
+    other = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        where = standby.folder(pipeline, cfg)
+        (where / f"{other.pid}.json").write_text(json.dumps(
+            {"pid": other.pid, "process_started": procs.process_started(other.pid)}))
+        warm(pipeline, cfg, stand_in)
+        handle = standby.hand_over(pipeline, JOB, ["--pipeline", "reference"], cfg)
+        assert handle is not None
+        assert standby.stop_all(pipeline, cfg) == [other.pid]
+        assert other.wait(timeout=30) is not None
+        assert stand_in.poll() is None  # the job it took runs on
+    finally:
+        other.kill()
+        other.wait()
