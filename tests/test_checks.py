@@ -177,7 +177,7 @@ def bad_commit(run, table: str, epoch: int, rows: list[dict]):
     try:
         yield _replace_epoch(run, spark, table, epoch, rows)
     finally:
-        rollback_table(spark, run.cfg.table(table), before)
+        rollback_table(run.cfg.table(table), before)
 
 
 def _epoch_rows(run, table: str, epoch: int) -> list[dict]:

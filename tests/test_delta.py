@@ -93,19 +93,31 @@ def test_an_epochs_spark_jobs_are_named_by_pipeline_region_epoch_and_generation(
 
 def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, tmp_path):
     """Cross-engine: delta-rs (CLI, Airflow tasks, checks) reads what delta-spark wrote, at
-    every version, including a RESTORE; every data commit comes from delta-spark."""
+    every version, including a RESTORE (delta-rs's own, on a table delta-spark wrote), and
+    delta-spark reads the restored table the same."""
     uri = str(tmp_path / "out")
     writer = EpochWriter(spark, uri, "agg", 1, SCHEMA)
     writer.ensure_table()
     versions = write_epochs(spark, writer, range(4))
-    restored = rollback_table(spark, uri, versions[1])
+    restored = rollback_table(uri, versions[1])
     for version in [0, *versions.values(), restored]:
         by_rs = sorted(read_table(uri, version)["id"].to_pylist())
         assert by_rs == table_ids(spark, uri, version), version
     assert sorted(read_table(uri)["id"].to_pylist()) == expected_ids(range(2))
-    engines = {c[0]["commitInfo"].get("engineInfo", "?").split(" ")[0]
-               for c in commits(uri) if "commitInfo" in c[0]}
-    assert len(engines) == 1 and next(iter(engines)).startswith("Apache-Spark/")
+    by_engine = {(c[0]["commitInfo"].get("operation"),
+                  c[0]["commitInfo"].get("engineInfo", c[0]["commitInfo"].get(
+                      "clientVersion", "?")).split(" ")[0].split(":")[0])
+                 for c in commits(uri) if "commitInfo" in c[0]}
+    # every epoch's commit from delta-spark, the rollback's RESTORE from delta-rs
+    assert {op for op, engine in by_engine if not engine.startswith("Apache-Spark/")} == {
+        "RESTORE"}, by_engine
+    assert ("RESTORE", "delta-rs") in by_engine, by_engine
+    # and delta-spark writes on after delta-rs's RESTORE, exactly once per epoch
+    writer2 = EpochWriter(spark, uri, "agg", 2, SCHEMA)
+    write_epochs(spark, writer2, range(2, 4))
+    for epoch in range(2, 4):  # replayed: skipped by its txn
+        assert writer2.write_epoch(epoch_frame(spark, epoch, ROWS), epoch) is None
+    assert table_ids(spark, uri) == expected_ids(range(4))
 
 
 def test_a_null_in_a_non_nullable_column_is_refused_naming_where(spark, tmp_path):
@@ -231,7 +243,7 @@ def test_vacuum_removes_only_files_no_version_references(spark, tmp_path):
     writer = EpochWriter(spark, uri, "agg", 1, SCHEMA)
     writer.ensure_table()
     versions = write_epochs(spark, writer, range(3))
-    rollback_table(spark, uri, versions[0])  # versions 2, 3 stay readable by time travel
+    rollback_table(uri, versions[0])  # versions 2, 3 stay readable by time travel
     orphan = os.path.join(uri, "part-00000-0badc0de-c000.snappy.parquet")
     pq.write_table(pa.table({"id": [1]}), orphan)
     fresh = os.path.join(uri, "part-00001-0badc0de-c000.snappy.parquet")
@@ -251,7 +263,7 @@ def rolled_back_table(spark, uri: str) -> dict[int, int]:
     writer = EpochWriter(spark, uri, "agg", 1, SCHEMA)
     writer.ensure_table()
     versions = write_epochs(spark, writer, range(5))
-    restored = rollback_table(spark, uri, versions[2])
+    restored = rollback_table(uri, versions[2])
     assert restored == versions[4] + 1
     assert table_ids(spark, uri) == expected_ids(range(3))
     return versions
@@ -328,10 +340,10 @@ def test_rolling_back_a_table_its_writer_never_created(spark, tmp_path):
     from deltalake.exceptions import TableNotFoundError
 
     uri = str(tmp_path / "never_created")
-    assert rollback_table(spark, uri, 0) == 0
+    assert rollback_table(uri, 0) == 0
     assert not (tmp_path / "never_created").exists()
     with pytest.raises(TableNotFoundError, match="never_created"):
-        rollback_table(spark, uri, 2)
+        rollback_table(uri, 2)
 
 
 def test_rolling_forward_is_refused(spark, tmp_path):
@@ -340,4 +352,4 @@ def test_rolling_forward_is_refused(spark, tmp_path):
     writer.ensure_table()
     write_epochs(spark, writer, range(2))
     with pytest.raises(RestoreError, match="back to 7"):
-        rollback_table(spark, uri, 7)
+        rollback_table(uri, 7)

@@ -28,7 +28,7 @@ def test_dry_run_reports_what_the_low_watermarks_allow_and_changes_nothing(world
     assert log.collected("tiny") == {}
 
 
-def test_apply_drops_acknowledges_and_then_constrains_rollbacks(world, broker):
+def test_apply_drops_acknowledges_and_then_constrains_rollbacks(world, broker, spark):
     cfg, log, executor, _ = world
     broker.create_topic("src", 1)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
@@ -37,7 +37,7 @@ def test_apply_drops_acknowledges_and_then_constrains_rollbacks(world, broker):
     producer.flush()
     producer.close()
     cfg = replace(cfg, kafka_bootstrap=broker.bootstrap)
-    report = collect(PIPE, cfg, log, apply=True, vacuum_retention_hours=0, spark=executor.spark)
+    report = collect(PIPE, cfg, log, apply=True, vacuum_retention_hours=0, spark=spark)
     kept = read_table(cfg.table("t_in"))["epoch"].to_pylist()
     assert sorted(kept) == [4, 5]
     assert log.collected("tiny")["t_in"] == (3, None)

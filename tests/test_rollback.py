@@ -119,7 +119,7 @@ def test_a_crashed_rollback_is_resumed_to_the_same_end_state(world, tmp_path):
                         {**plan.request.__dict__}, plan.to_json())
     from falkirk.io.delta import rollback_table
 
-    rollback_table(executor.spark, cfg.table("t_mid"), plan.tables[0].to_version)
+    rollback_table(cfg.table("t_mid"), plan.tables[0].to_version)
     dead = Lease(log, "tiny", "rollback")  # its holder: a pid of this host, not running
     dead.holder = {"host": socket.gethostname(), "pid": 2**22 + 12345, "started": 0.0}
     dead.offer()
@@ -140,7 +140,7 @@ def test_a_crashed_rollback_is_resumed_to_the_same_end_state(world, tmp_path):
     assert current(log.lease_rows("tiny", "rollback")) is None
 
 
-def test_an_epoch_committed_before_the_stop_is_in_the_plan_carried_out(world):
+def test_an_epoch_committed_before_the_stop_is_in_the_plan_carried_out(world, spark):
     """Forced interleaving: agg and report commit epoch 5 after a first plan was made and
     before their jobs stop (the stop hook commits it, as the job would). The plan carried
     out is made after the stop, so epoch 5 is invalidated, never left `committed` over
@@ -151,7 +151,6 @@ def test_an_epoch_committed_before_the_stop_is_in_the_plan_carried_out(world):
     from falkirk.log.epochlog import EpochRecord
 
     cfg, log, executor, _ = world
-    spark = executor.spark
     stops: list[set] = []
 
     def commit_epoch_5_then_stop(regions: set[str]) -> None:

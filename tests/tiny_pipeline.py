@@ -82,5 +82,5 @@ def make_world(tmp_path, template, spark):
     cfg = replace(load(), lake=str(tmp_path / "lake"))
     log = EpochLog.from_config(cfg)
     stopped: list[set] = []
-    executor = RollbackExecutor(PIPE, cfg, log, stop_regions=stopped.append, spark=spark)
+    executor = RollbackExecutor(PIPE, cfg, log, stop_regions=stopped.append)
     return cfg, log, executor, stopped

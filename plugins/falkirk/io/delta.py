@@ -1,15 +1,18 @@
-"""The durable output layer: exactly-once Delta tables written and restored by delta-spark.
+"""The durable output layer: exactly-once Delta tables written by delta-spark.
 
-Every data table has one writing engine, delta-spark (delta-rs only reads them, where no
-Spark runs: the CLI, Airflow tasks, checks, the report):
+Every epoch's data is written by delta-spark; delta-rs reads the tables where no Spark runs
+(the CLI, Airflow tasks, checks, the report) and restores them in a rollback, when their
+writers are fenced and stopped, so no commit of the other engine can race it:
 
 * :class:`EpochWriter` appends one epoch at a time with Delta's idempotent writes:
   ``txnAppId`` = ``falkirk:{region}:g{generation}``, ``txnVersion`` = the epoch. Delta skips
   a write whose version is not above the app's last one, so an epoch replayed after a crash
   is written once; the epoch's commit is found again by its ``txn`` action.
-* :func:`rollback_table` restores a table with ``DeltaTable.restoreToVersion``. A RESTORE
-  keeps every app's transaction version (delta-io/delta#1813): writers that must write
-  epochs after the restored version again do so under a new generation (a new app id).
+* :func:`rollback_table` restores a table with delta-rs's ``restore``: the same RESTORE
+  commit as delta-spark's ``restoreToVersion``, without a Spark session (a rollback that
+  started one paid 30 s for it: docs/faults.md). A RESTORE keeps every app's transaction
+  version (delta-io/delta#1813): writers that must write epochs after the restored
+  version again do so under a new generation (a new app id).
 * :func:`read_version` reads one version (``versionAsOf``); :func:`read_appends` reads only
   the rows one epoch appended, through Delta's streaming source.
 * :func:`vacuum_orphans` removes data files no kept version references (a write killed
@@ -228,19 +231,17 @@ class RestoreError(FalkirkError, ValueError):
     """A table cannot be restored to the version asked for."""
 
 
-def rollback_table(spark: SparkSession, table_uri: str, to_version: int,
+def rollback_table(table_uri: str, to_version: int,
                    storage_options: dict[str, str] | None = None) -> int:
     """Make readers see exactly the table as at ``to_version``; return the version that does.
 
-    ``restoreToVersion`` is one atomic commit that also restores metadata and schema and
-    re-adds files removed since; it fails when vacuum has deleted files of ``to_version``.
-    The rolled-back versions stay readable by time travel until vacuumed. A no-op when the
+    The RESTORE is one atomic commit that also restores metadata and schema and re-adds
+    files removed since; it fails when vacuum has deleted files of ``to_version``. The
+    rolled-back versions stay readable by time travel until vacuumed. A no-op when the
     table is at ``to_version``, and when version 0 (the empty table its writer creates
     first) is asked for and the table does not exist: its writer died before creating it,
     so nothing was committed (found by ``falkirk trials``: a kill in epoch 0).
     """
-    from delta.tables import DeltaTable
-
     if to_version == 0 and not RsTable.is_deltatable(table_uri, storage_options):
         return 0
     log = DeltaLogReader(table_uri, storage_options)
@@ -249,7 +250,7 @@ def rollback_table(spark: SparkSession, table_uri: str, to_version: int,
         raise RestoreError(f"cannot roll {table_uri} at version {current} back to {to_version}")
     if to_version == current:
         return current
-    DeltaTable.forPath(spark, spark_uri(table_uri)).restoreToVersion(to_version)
+    RsTable(table_uri, storage_options=storage_options).restore(to_version)
     # The RESTORE is the newest commit whose target is to_version (writers are stopped).
     newest = log.table().version()
     for version in range(newest, current, -1):
@@ -276,7 +277,7 @@ def vacuum_orphans(
     stays readable, so rolled-back versions can still be time-travelled to. A file is only
     deleted once older than ``retention_hours`` (default 168): a writer between its file
     write and its commit has orphans too until it commits. Files only: the table's log is
-    not written (data tables have one writing engine, delta-spark).
+    not written (data tables are written by delta-spark; delta-rs only restores them).
     """
     log = DeltaLogReader(table_uri, storage_options)
     latest = log.table().version()

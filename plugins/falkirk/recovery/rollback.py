@@ -11,7 +11,7 @@ consistent pipeline.
    affects no region that still runs.
 4. Record the rollback (with its plan and the new generation) before changing anything.
 5. Restore every Delta output table of an affected region to the version its frontier
-   epoch committed (delta-spark's RESTORE, in a Spark session started for it); invalidate
+   epoch committed (a RESTORE commit, by delta-rs: no Spark session to start); invalidate
    the later epochs in the log.
 6. Record it done. Restarted regions read the new generation and their frontier from the
    log: their writers tag commits with it, so epochs they must write again are written
@@ -204,23 +204,12 @@ class RollbackExecutor:
     def __init__(self, pipeline: Pipeline, cfg: Config | None = None,
                  epoch_log: EpochLog | None = None,
                  stop_regions: Callable[[set[str]], None] | None = None,
-                 spark: Any = None, lease_ttl_s: float = 120.0):
+                 lease_ttl_s: float = 120.0):
         self.pipeline = pipeline
         self.cfg = cfg or load()
         self.log = epoch_log or EpochLog.from_config(self.cfg)
         self.stop_regions = stop_regions
         self.lease_ttl_s = lease_ttl_s
-        self._spark = spark
-
-    @property
-    def spark(self) -> Any:
-        """The Spark session that restores tables (delta-spark is their one writing engine),
-        started only when a rollback has a table to restore."""
-        if self._spark is None:
-            from falkirk.io.spark import session
-
-            self._spark = session(f"falkirk-rollback-{self.pipeline.name}", self.cfg)
-        return self._spark
 
     # -- the lock -------------------------------------------------------------------------
 
@@ -317,7 +306,7 @@ class RollbackExecutor:
         affected = plan.affected
         for t in plan.tables:
             say(f"restoring table {t.table} to version {t.to_version} ({t.region})")
-            rollback_table(self.spark, self.cfg.table(t.table), t.to_version,
+            rollback_table(self.cfg.table(t.table), t.to_version,
                            self.cfg.delta_storage_options or None)
             maybe_crash("rollback:after-first-table")
         for region in sorted(affected):
