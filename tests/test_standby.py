@@ -52,7 +52,9 @@ def warm(pipeline, cfg, proc) -> None:
 
 def test_only_a_warm_standby_takes_a_job_and_it_is_found_as_the_job(pipeline, cfg, stand_in):
     assert standby.hand_over(pipeline, JOB, ["--pipeline", "reference"], cfg) is None
+    assert standby.warm(pipeline, cfg) == set()  # registered, still warming
     warm(pipeline, cfg, stand_in)
+    assert standby.warm(pipeline, cfg) == {stand_in.pid}
     handle = standby.hand_over(pipeline, JOB, ["--pipeline", "reference"], cfg,
                                env={"FALKIRK_CRASH_AT": "writer:before-commit"})
     assert handle is not None and handle.pid == stand_in.pid and handle.poll() is None

@@ -228,11 +228,9 @@ class Campaign:
 
     def _warm_standbys(self) -> set[int]:
         """The pids of the run's warm standby drivers (none unless the campaign keeps some)."""
-        from falkirk.runtime.standby import standbys
+        from falkirk.runtime.standby import warm
 
-        if not self.run.cfg.standby_drivers:
-            return set()
-        return {s["pid"] for s in standbys(self.run.pipeline, self.run.cfg) if s["ready"]}
+        return warm(self.run.pipeline, self.run.cfg) if self.run.cfg.standby_drivers else set()
 
     def _crash_a_rollback(self, failed: list[str], kill: dict[str, Any]) -> None:
         point = self.rng.choice(ROLLBACK_POINTS)

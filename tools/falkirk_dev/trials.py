@@ -343,15 +343,12 @@ def kill_and_recover(run, trial: Trial, data: dict[str, int],
 def _ready_standbys(run, needed: bool) -> set[int]:
     """The pids of the warm standbys (waiting for one first when a job is to restart: the
     trial measures a recovery the standby was made for, not its own start)."""
-    from falkirk.runtime.standby import standbys
-
-    def ready() -> set[int]:
-        return {s["pid"] for s in standbys(run.pipeline, run.cfg) if s["ready"]}
+    from falkirk.runtime.standby import warm
 
     if needed:
-        _wait(run, lambda: bool(ready()), "a warm standby driver", WAIT_MOMENT_S,
-              set(run.failed_jobs()))  # the dead wait for it too
-    return ready()
+        _wait(run, lambda: bool(warm(run.pipeline, run.cfg)), "a warm standby driver",
+              WAIT_MOMENT_S, set(run.failed_jobs()))  # the dead wait for it too
+    return warm(run.pipeline, run.cfg)
 
 
 def redone_after(run, region: str, epoch: int | None, kill_wall: float) -> float | None:

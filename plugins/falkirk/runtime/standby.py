@@ -106,6 +106,11 @@ def standbys(pipeline: Pipeline, cfg: Config | None = None) -> list[dict[str, An
     return out
 
 
+def warm(pipeline: Pipeline, cfg: Config | None = None) -> set[int]:
+    """The pids of the standbys ready to take a job now."""
+    return {s["pid"] for s in standbys(pipeline, cfg) if s["ready"]}
+
+
 def _forget(where: Path, pid: int) -> None:
     for suffix in ("json", "ready", "claim", "job"):
         (where / f"{pid}.{suffix}").unlink(missing_ok=True)

@@ -85,7 +85,7 @@ def one_standby(run, scratch: Path) -> dict[str, float]:
     table = scratch / f"t-{time.time_ns()}"
     spawned = time.monotonic()
     standby.spawn(run.pipeline, run.cfg, run.env)
-    while not any(s["ready"] for s in standby.standbys(run.pipeline, run.cfg)):
+    while not standby.warm(run.pipeline, run.cfg):
         if time.monotonic() - spawned > 900:
             raise SystemExit(f"no standby warm after 900 s; see "
                              f"{procs.log_file(run.pipeline, 'standby', run.cfg)}")
