@@ -48,7 +48,7 @@ def live_airflow(tmp_path_factory):
     try:
         subprocess.run([bin_airflow, "start", "--port", str(port)], env=env, check=True,
                        timeout=300)
-        yield f"http://127.0.0.1:{port}", cfg
+        yield f"http://127.0.0.1:{port}", cfg, env
     finally:
         subprocess.run([bin_airflow, "stop"], env=env, timeout=120)
 
@@ -76,7 +76,7 @@ def _token(url: str) -> str:
 def test_rest_api_dry_run_and_plan_page(live_airflow):
     from reference_world import snapshot
 
-    url, cfg = live_airflow
+    url, cfg, _ = live_airflow
     before = snapshot(cfg)
     assert _call(f"{url}/api/v2/dags")[0] == 401  # auth stays on
     token = _token(url)
@@ -225,7 +225,7 @@ def test_browser_dry_run_and_plan_tab(live_airflow):
     from playwright.sync_api import expect, sync_playwright
     from reference_world import snapshot
 
-    url, cfg = live_airflow
+    url, cfg, _ = live_airflow
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     before = snapshot(cfg)
     reason = f"browser test {time.strftime('%H:%M:%S')}"
@@ -340,3 +340,52 @@ def test_browser_dry_run_and_plan_tab(live_airflow):
             context.close()
             browser.close()
     assert snapshot(cfg) == before  # a dry run changes nothing
+
+
+def test_a_killed_scheduler_is_respawned_and_stopped_with_the_rest(live_airflow):
+    """The fault campaign SIGKILLs Airflow's scheduler and starts it again with
+    ``bin/airflow respawn scheduler``: the new one runs in a session recorded under the
+    home, heartbeats again, and ``bin/airflow stop`` ends it with the rest. (Last in this
+    module: it stops the instance.)"""
+    import signal
+    from datetime import UTC, datetime
+
+    import psutil
+
+    from falkirk.runtime import procs
+    from falkirk_dev.chaos_airflow import scheduler_processes
+
+    url, _, env = live_airflow
+    home = Path(env["FALKIRK_AIRFLOW_HOME"])
+    bin_airflow = str(REPO_ROOT / "bin" / "airflow")
+    refused = subprocess.run([bin_airflow, "respawn", "api-server"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "respawn: name the component" in refused.stderr
+    old = scheduler_processes(home)
+    assert old, "no scheduler found in the instance's session"
+    for pid in old:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+              for p in old) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    killed_at = datetime.now(UTC)
+    done = subprocess.run([bin_airflow, "respawn", "scheduler"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    session = int((home / "scheduler.pgid").read_text())
+    new = scheduler_processes(home)
+    assert new and not set(new) & set(old) and os.getsid(min(new)) == session, (old, new)
+    beat = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status, body = _call(f"{url}/api/v2/monitor/health")
+        latest = json.loads(body)["scheduler"].get("latest_scheduler_heartbeat") \
+            if status == 200 else None
+        if latest and datetime.fromisoformat(latest.replace("Z", "+00:00")) > killed_at:
+            beat = latest
+            break
+        time.sleep(1)
+    assert beat, f"the respawned scheduler never heartbeat (logs: {home}/logs/scheduler.log)"
+    subprocess.run([bin_airflow, "stop"], env=env, check=True, timeout=180)
+    assert procs.session_members(session) == [] and not (home / "scheduler.pgid").exists()

@@ -28,7 +28,7 @@ import pytest
 from reference_runs import EPOCHS, INPUT, assert_same
 
 from falkirk.config import REPO_ROOT
-from falkirk.runtime.procs import group_members
+from falkirk.runtime.procs import group_members, session_members, session_of
 from falkirk_dev import cluster
 from falkirk_dev.harness import LocalRun
 
@@ -258,18 +258,6 @@ def test_airflow_on_the_cluster_profile_refuses_to_start_without_the_cluster(env
     assert not (home / "airflow.pid").exists() and not list(home.glob("celery-worker-*"))
 
 
-def _session(pid: int) -> int | None:
-    with contextlib.suppress(OSError):
-        return os.getsid(pid)
-    return None
-
-
-def _session_members(sid: int) -> list[int]:
-    import psutil
-
-    return [p.pid for p in psutil.process_iter() if _session(p.pid) == sid]
-
-
 def test_a_lost_celery_worker_s_batch_epoch_is_retried_on_the_other_and_committed_once(
         env, tmp_path, monkeypatch):
     """A user's pipeline (``falkirk init``) on the cluster: its stream region clean
@@ -327,17 +315,17 @@ def test_a_lost_celery_worker_s_batch_epoch_is_retried_on_the_other_and_committe
                     cmd = proc.info["cmdline"] or []
                     if any(a.endswith("page_counts.py") for a in cmd) and "--epoch" in cmd \
                             and cmd[cmd.index("--epoch") + 1] == "0" \
-                            and _session(proc.pid) in workers:
-                        return _session(proc.pid)
+                            and session_of(proc.pid) in workers:
+                        return session_of(proc.pid)
                 return None
 
             run.wait_for(lambda: page_counts_worker() is not None, timeout_s=600,
                          what="page_counts' epoch 0 running on a Celery worker")
             lost = page_counts_worker()
-            for pid in _session_members(lost):  # the worker's machine is lost: all at once
+            for pid in session_members(lost):  # the worker's machine is lost: all at once
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            run.wait_for(lambda: not _session_members(lost), timeout_s=30,
+            run.wait_for(lambda: not session_members(lost), timeout_s=30,
                          what="the lost worker's processes to end")
 
             def states() -> list[str]:
@@ -348,7 +336,7 @@ def test_a_lost_celery_worker_s_batch_epoch_is_retried_on_the_other_and_committe
             [only] = api.runs(dag)
             assert only["state"] == "success", only
             assert api.tasks(dag, only["dag_run_id"])["page_counts"]["try_number"] == 2
-            assert _session_members(next(w for w in workers if w != lost))  # the other one
+            assert session_members(next(w for w in workers if w != lost))  # the other one
         finally:
             subprocess.run([bin_airflow, "stop"], env=aenv, timeout=180, capture_output=True)
         assert run.wait(timeout_s=300) == {"jobs/clean.py": 0}

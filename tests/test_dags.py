@@ -376,6 +376,57 @@ def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     assert done.is_done and done.xcom_value == {"jobs/serve.py": ["serve", "stats"]}
 
 
+def test_the_watch_defers_to_a_trigger_that_fires_on_a_death(tmp_path, monkeypatch):
+    """The watch holds no worker slot while the jobs run: it defers to the triggerer, whose
+    trigger looks every second (the reschedule poke every 30 s was the detection part of
+    every recovery) and fires with the dead job's regions once its process is gone."""
+    import asyncio
+    import subprocess
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from falkirk.airflow import streams, supervisor
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
+    pipeline = load_pipeline("reference")
+    for job in streams.stream_jobs(pipeline):
+        if job != "jobs/serve.py":
+            _job_ended(pipeline, job, "finished", 0)
+    serve = subprocess.Popen(["sleep", "300"], start_new_session=True)  # the job's stand-in
+    try:
+        procs.record_job_process(pipeline, "jobs/serve.py", serve.pid,
+                                 procs.process_started(serve.pid), ["sleep", "300"])
+        _job_ended(pipeline, "jobs/serve.py", "started", None)
+        sensor = supervisor.StreamsSensor(task_id="watch", pipeline="reference")
+        with pytest.raises(TaskDeferred) as deferred:
+            sensor.execute({})
+        trigger = deferred.value.trigger
+        assert deferred.value.method_name == "execute_complete"
+        assert trigger.serialize() == ("falkirk.airflow.supervisor.StreamDeathTrigger",
+                                       {"pipeline": "reference", "interval_s": 1.0})
+
+        async def watch() -> tuple[bool, dict]:
+            events = trigger.run()
+            first = asyncio.ensure_future(anext(events))
+            done, _ = await asyncio.wait({first}, timeout=2.5)  # two looks: serve runs
+            fired_early = bool(done)
+            serve.kill()
+            serve.wait()
+            event = await asyncio.wait_for(first, timeout=30)
+            return fired_early, event.payload
+
+        fired_early, payload = asyncio.run(watch())
+    finally:
+        serve.kill()
+        serve.wait()
+    assert not fired_early
+    assert payload == {"dead": {"jobs/serve.py": ["serve", "stats"]}}
+    assert sensor.execute_complete({}, payload) == {"jobs/serve.py": ["serve", "stats"]}
+
+
 def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):
     """No job runs in the sandbox, so nothing is stopped and no batch epoch reruns
     (communities alone goes back): plan, roll back, resume and validate for real. The job

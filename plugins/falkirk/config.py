@@ -67,6 +67,10 @@ class Config:
     # Warm Spark drivers kept per pipeline to take a (re)started job's place
     # (falkirk.runtime.standby): each holds a JVM with a session (about 1 GB). 0: none.
     standby_drivers: int = 0
+    # The streams supervisor's watch defers to Airflow's triggerer, which looks for a dead
+    # job every second (bin/airflow runs a triggerer). False: an Airflow without one; the
+    # watch then pokes in reschedule mode every 30 s, which adds to every detection.
+    watch_deferred: bool = True
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""

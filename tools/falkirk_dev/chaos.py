@@ -395,10 +395,21 @@ def main(args: Namespace) -> int:
     console.print(f"[bold]fault campaign[/]: {args.minutes} min, seed {args.seed}, input "
                   f"{json.dumps(data)}; sandboxes under {workdir}")
     t0 = time.monotonic()
-    result = campaign(workdir, float(args.minutes), int(args.seed), data,
-                      lambda m: console.log(f"[{(time.monotonic() - t0) / 60:5.1f} min] {m}"),
-                      cluster=bool(getattr(args, "cluster", False)),
-                      standby=int(getattr(args, "standby", 0) or 0))
+    standby = int(getattr(args, "standby", 0) or 0)
+    if getattr(args, "airflow", False):
+        from falkirk_dev.chaos_airflow import airflow_campaign
+        from falkirk_dev.harness import profile
+
+        with profile("local"):
+            golden = golden_run(workdir / "golden", data, timeout_s=3600)
+        console.log(f"failure-free run done in {time.monotonic() - t0:.0f} s")
+        shutil.rmtree(workdir / "golden", ignore_errors=True)
+        result = airflow_campaign(workdir, float(args.minutes), int(args.seed), data, console,
+                                  golden, standby=standby)
+    else:
+        result = campaign(workdir, float(args.minutes), int(args.seed), data,
+                          lambda m: console.log(f"[{(time.monotonic() - t0) / 60:5.1f} min] {m}"),
+                          cluster=bool(getattr(args, "cluster", False)), standby=standby)
     summary = {k: v for k, v in result.items() if k not in ("sent", "events")}
     console.print_json(json.dumps(summary))
     if args.json:

@@ -126,6 +126,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", action="store_true",
                    help="run on the local cluster of bin/cluster up, its Kafka nodes, Spark "
                         "workers and object store among the targets")
+    p.add_argument("--airflow", action="store_true",
+                   help="a local Airflow's streams supervisor recovers (bin/airflow, "
+                        "LocalExecutor); its scheduler among the targets")
     p.add_argument("--standby", type=int, default=0, metavar="N",
                    help="keep N warm standby drivers to take the restarted jobs (default 0)")
     p.set_defaults(func=cmd_chaos)

@@ -39,10 +39,11 @@ Runs continuously (one run after another) while unpaused. Jobs: {jobs}.
 1. **start_streams** starts every streaming job that is not running and has not finished
    (a job whose input ended stays finished), each as its own `spark-submit` process group
    (logs under `var/log/`).
-2. **watch** checks every 30 s (reschedule mode: no worker slot held in between) whether
-   a job died, and ends when one did. A job stopped by a rollback run (`{rollback}`
-   pauses the streams) is not a death. When every job finished because its input ended,
-   watch goes on waiting: pause the DAG to stop supervising.
+2. **watch** hands the watching to Airflow's triggerer (a deferred task holds no worker
+   slot), which checks every second whether a job died; watch ends when one did. A job
+   stopped by a rollback run (`{rollback}` pauses the streams) is not a death. When every
+   job finished because its input ended, watch goes on waiting: pause the DAG to stop
+   supervising.
 3. **recover** rolls back the dead job's regions (as failed) with falkirk's
    RollbackExecutor, then restarts the jobs it stopped. Its plan appears in the run's
    **Rollback plan** tab.

@@ -1,12 +1,16 @@
-"""The streams supervisor's steps: start the stream jobs, watch them (a reschedule-mode
-sensor: it holds no worker slot between pokes), roll back and restart the dead ones."""
+"""The streams supervisor's steps: start the stream jobs, watch them (a deferrable sensor:
+the triggerer checks every second and no worker slot is held while it waits), roll back
+and restart the dead ones."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from falkirk.airflow import streams
 from falkirk.airflow.render import plan_markdown
@@ -55,25 +59,92 @@ class PipelineSensor(BaseSensorOperator):
         self.pipeline = pipeline
 
 
+#: How often the watch looks for a dead stream job, in seconds. It is the detection part of
+#: every recovery: the former reschedule-mode poke every 30 s added 15 s on average.
+WATCH_INTERVAL_S = 1.0
+
+
+def dead_or_finished(pipeline_name: str) -> dict[str, list[str]]:
+    """One look at the stream jobs: the dead ones (job -> regions), or {} while they run.
+    Pauses by a rollback run are not deaths. When every stream job has finished because its
+    input ended, the pipeline's standby drivers are stopped: nothing is left for them."""
+    pipeline = load_pipeline(pipeline_name)
+    dead = streams.dead_jobs(pipeline)
+    if not dead and not procs.running(pipeline) and not streams.pause_marker(pipeline).exists():
+        from falkirk.runtime import standby
+
+        stopped = standby.stop_all(pipeline)
+        if stopped:
+            log.info("every stream job finished: its input ended (pause the DAG to stop "
+                     "supervising); standby drivers stopped: %s", stopped)
+    return dead
+
+
+class StreamDeathTrigger(BaseTrigger):
+    """Fires when a stream job of ``pipeline`` died (its event: job -> regions). Runs in
+    the triggerer: one cheap look (pid files, then the log of job runs for jobs not
+    alive) every ``interval_s``, in a thread so the triggerer's loop never blocks."""
+
+    def __init__(self, pipeline: str, interval_s: float = WATCH_INTERVAL_S):
+        super().__init__()
+        self.pipeline = pipeline
+        self.interval_s = interval_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{__name__}.StreamDeathTrigger",
+                {"pipeline": self.pipeline, "interval_s": self.interval_s})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            dead = await asyncio.to_thread(dead_or_finished, self.pipeline)
+            if dead:
+                self.log.info("dead: %s", dead)
+                yield TriggerEvent({"dead": dead})
+                return
+            await asyncio.sleep(self.interval_s)
+
+
 class StreamsSensor(PipelineSensor):
     """Done when a stream job died (its XCom: job -> regions). Pauses by a rollback run are
     not deaths. When every stream job finished because its input ended it keeps watching:
     ending would only make the @continuous DAG start a run after run with nothing to start,
-    and a rollback run may start the jobs again."""
+    and a rollback run may start the jobs again.
+
+    Deferrable by default: after one look of its own it hands the watching to the
+    triggerer (:class:`StreamDeathTrigger`, every second) and resumes when a job died.
+    ``deferrable=False`` (default: the config's ``watch_deferred``) keeps the
+    reschedule-mode poke (every ``poke_interval``) for a deployment without a triggerer."""
+
+    def __init__(self, *, pipeline: str, deferrable: bool | None = None,
+                 interval_s: float = WATCH_INTERVAL_S, **kwargs: Any) -> None:
+        super().__init__(pipeline=pipeline, **kwargs)
+        if deferrable is None:
+            from falkirk.config import load
+
+            deferrable = load().watch_deferred
+        self.deferrable = deferrable
+        self.interval_s = interval_s
 
     def poke(self, context: Any) -> PokeReturnValue | bool:
-        pipeline = load_pipeline(self.pipeline)
-        dead = streams.dead_jobs(pipeline)
+        dead = dead_or_finished(self.pipeline)
         if dead:
             self.log.info("dead: %s", dead)
             return PokeReturnValue(is_done=True, xcom_value=dead)
-        if not procs.running(pipeline) and not streams.pause_marker(pipeline).exists():
-            from falkirk.runtime import standby
-
-            self.log.info("every stream job finished: its input ended (pause the DAG to "
-                          "stop supervising); standby drivers stopped: %s",
-                          standby.stop_all(pipeline) or "none")
         return False
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        done = self.poke(context)
+        if done:
+            return done.xcom_value
+        self.defer(trigger=StreamDeathTrigger(self.pipeline, self.interval_s),
+                   method_name="execute_complete",
+                   timeout=self.timeout)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, list[str]]:
+        """The trigger saw a death: the dead jobs are this task's XCom, for ``recover``."""
+        return event["dead"]
 
 
 def recover(pipeline: str, ti: Any) -> dict[str, Any]:

@@ -62,6 +62,8 @@ class LocalRun:
             self.cfg = replace(self.cfg, standby_drivers=self.standby)
         self.env = {"FALKIRK_LAKE": self.cfg.lake, "FALKIRK_VAR_DIR": self.cfg.var_dir,
                     "FALKIRK_KAFKA_BOOTSTRAP": self.cfg.kafka_bootstrap}
+        if self.standby is not None:  # for what starts jobs outside this process too
+            self.env["FALKIRK_STANDBY_DRIVERS"] = str(self.standby)
         if self.cfg.storage_options:  # the jobs' var_dir is the run's: hand them the
             # object store's credentials the way a scheduler would, in the environment
             from falkirk.config import SECRET_OPTIONS

@@ -152,6 +152,26 @@ def alive(pid: int) -> bool:
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids in process group ``pgid``; zombies hold no port or memory."""
+    return _live_with(2, pgid)
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) pids in session ``sid`` (a ``setsid`` start and all it ran, each
+    task in a process group of its own included)."""
+    return _live_with(3, sid)
+
+
+def session_of(pid: int) -> int | None:
+    """The session of ``pid`` (None once it is gone)."""
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _live_with(field: int, value: int) -> list[int]:
+    """Live pids whose /proc stat field ``field`` (after the name: 0 state, 1 ppid,
+    2 process group, 3 session) is ``value``."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -160,9 +180,9 @@ def group_members(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
+        # pid (comm) state ppid pgrp session ...; comm may contain spaces and parentheses.
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        if len(fields) > field and int(fields[field]) == value and fields[0] not in ("Z", "X"):
             members.append(int(entry.name))
     return members
 

@@ -157,7 +157,8 @@ class AirflowDemo:
 
     def __init__(self, root: Path, console, keep_airflow: bool, live_checks: bool,
                  port: int | None, timeout_s: float, cluster: bool = False,
-                 cluster_broker=None):
+                 cluster_broker=None, data: dict[str, int] | None = None,
+                 standby: int | None = None):
         self.root = root
         self.cluster = cluster  # on bin/cluster up's engines, with the CeleryExecutor
         self.cluster_broker = cluster_broker  # its Kafka (ClusterKafka) when on it
@@ -168,7 +169,9 @@ class AirflowDemo:
         self.live_checks = live_checks
         self.port = port
         self.timeout_s = timeout_s
-        self.epochs = DEMO_INPUT["epochs"]
+        self.input = data or DEMO_INPUT  # the generator's options (the fault campaign's)
+        self.epochs = self.input["epochs"]
+        self.standby = standby  # warm standby drivers the supervisor keeps (None: none)
         self.t0 = time.monotonic()
         self.timings: dict[str, float] = {}
         self.events: list[str] = []  # for the report, in order
@@ -246,12 +249,12 @@ class AirflowDemo:
         from falkirk_dev.harness import LocalRun
 
         self.broker = (self.cluster_broker or LocalBroker(self.sandbox / "broker")).start()
-        self.run = LocalRun(self.sandbox, broker=self.broker).__enter__()
-        info = self.run.generate(**DEMO_INPUT)
+        self.run = LocalRun(self.sandbox, broker=self.broker, standby=self.standby).__enter__()
+        info = self.run.generate(**self.input)
         self.env = self._airflow_env()
         self.log(f"sandbox {self.sandbox}: broker on {self.broker.bootstrap}; input generated "
-                 f"({DEMO_INPUT['events']} events, {DEMO_INPUT['queries']} queries, "
-                 f"{self.epochs} epochs, seed {DEMO_INPUT['seed']}; {info['malformed']} "
+                 f"({self.input['events']} events, {self.input['queries']} queries, "
+                 f"{self.epochs} epochs, seed {self.input['seed']}; {info['malformed']} "
                  f"malformed, {info['late']} late)")
 
     def start_airflow(self) -> None:
@@ -364,8 +367,8 @@ class AirflowDemo:
         for run_id, tasks in p["supervisor_tasks"].items():
             for task, ti in tasks.items():
                 state = ti["state"] or "none"
-                if state == "up_for_reschedule":
-                    state = "running"  # a sensor between pokes
+                if state in ("up_for_reschedule", "deferred"):
+                    state = "running"  # a sensor between pokes, or deferred to a trigger
                 now[f"{names.get(run_id, run_id)}: {task}"] = state
         for key, state in now.items():
             if state in ("none", "scheduled", "queued") and key in self._seen:
@@ -442,7 +445,8 @@ class AirflowDemo:
         def ready(p):
             info = self.job_info()
             running = [r for r, tasks in p["supervisor_tasks"].items()
-                       if tasks.get("watch", {}).get("state") in ("running", "up_for_reschedule")]
+                       if tasks.get("watch", {}).get("state") in ("running", "up_for_reschedule",
+                                                                  "deferred")]
             if info is None or not running:
                 return None
             done, now = p["regions"][KILLED_REGION]
@@ -488,8 +492,8 @@ class AirflowDemo:
                 return tasks
             return None
 
-        self.wait("waiting for the supervisor to notice (watch pokes every 30 s) and "
-                  "recover…", recovered, interval=3, airflow_every=3)
+        self.wait("waiting for the supervisor to notice (its watch is deferred to the "
+                  "triggerer) and recover…", recovered, interval=3, airflow_every=3)
         self.recover_run = run_id
         result = self.api.xcom(SUPERVISOR, run_id, "recover") or {}
         plan = self.api.xcom(SUPERVISOR, run_id, "recover", key="plan")
@@ -511,6 +515,20 @@ class AirflowDemo:
                  f"{plan['generation']}, frontiers {frontiers or 'all ⊤'}) and restarted "
                  f"{result.get('restarted')}", event=True)
         return plan
+
+    def until_committed_again(self, generation: int, killed_at: float) -> None:
+        """The killed region's first commit in the rollback's generation: the end of its
+        recovery (detection, the rollback, the restart, the catch-up)."""
+        def again(p):
+            rlog = self.run.log.regions(self.run.pipeline)[KILLED_REGION]
+            return any(r.generation >= generation and r.status in ("committed", "checkpointed")
+                       for r in rlog.entries.values())
+
+        self.wait(f"waiting for {KILLED_REGION} to commit in generation {generation}…", again,
+                  interval=0.5, airflow_every=10)
+        self.timings["kill → committed again"] = time.monotonic() - killed_at
+        self.log(f"{KILLED_REGION} committed an epoch in generation {generation} "
+                 f"{self.timings['kill → committed again']:.0f} s after the kill", event=True)
 
     def until_done(self) -> None:
         """Every epoch done: batch runs, stream jobs finished, communities' last epoch."""
@@ -652,6 +670,7 @@ class AirflowDemo:
         if self.run is not None:
             for info in procs.running(self.run.pipeline, self.run.cfg):
                 procs.stop_group(info["pgid"], timeout_s=10)
+            self.run.stop_all()  # its standby drivers, if it kept any
         if self.airflow_started and not self.keep_airflow:
             with self.console.status("stopping Airflow…"):
                 self.bin_airflow("stop", timeout=180)
@@ -698,10 +717,13 @@ def _main_airflow(args: Namespace, console, cluster: bool, broker, engines_note:
         run_id, epoch = demo.until_kill_point()
         t = demo.phase(f"until communities was mid epoch {epoch}", t)
         demo.kill(epoch)
+        killed = t
         plan = demo.until_recovered(run_id, t)
         t = demo.phase("kill → recovered (supervisor)", t)
+        demo.until_committed_again(plan["generation"], killed)
+        t = time.monotonic()
         demo.until_done()
-        t = demo.phase("recovered → every epoch done", t)
+        t = demo.phase("committed again → every epoch done", t)
         run_s = t - t_run
         demo.end_supervision()
         t = demo.phase("end supervision", t)
