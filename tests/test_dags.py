@@ -13,7 +13,8 @@ from falkirk.config import REPO_ROOT
 ROLLBACK = "falkirk_reference_rollback"
 STREAMS = "falkirk_reference_streams"
 BATCH = "falkirk_reference_batch_popularity"
-DAG_IDS = {ROLLBACK, BATCH, STREAMS, "falkirk_reference_gc"}
+STREAM_CHECKS = "falkirk_reference_stream_checks"
+DAG_IDS = {ROLLBACK, BATCH, STREAMS, STREAM_CHECKS, "falkirk_reference_gc"}
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +48,49 @@ def test_every_dag_imports_with_tags_retries_and_docs(dagbag):
         assert f"**{param}**" in rollback.doc_md
     assert rollback.max_active_runs == 1
     assert dagbag.dags[STREAMS].max_active_runs == 1
+
+
+def test_a_supervisor_run_ends_with_its_recovery_so_the_next_death_is_watched(dagbag):
+    """The streams DAG is @continuous with one run at a time: a run that stayed open after
+    its recover (the stream checks sensor used to sit beside watch, waiting for the streams
+    to end) left every later death unwatched. Its run is start, watch, recover and nothing
+    else; the checks are a DAG of their own, which never ends because the streams ended."""
+    streams = dagbag.dags[STREAMS]
+    assert set(streams.task_ids) == {"start_streams", "watch", "recover"}
+    assert streams.get_task("recover").upstream_task_ids == {"watch"}
+    assert streams.get_task("watch").upstream_task_ids == {"start_streams"}
+    checks = dagbag.dags[STREAM_CHECKS]
+    assert set(checks.task_ids) == {"data_checks", "trigger_rollback"}
+    assert checks.max_active_runs == 1 and STREAM_CHECKS in streams.doc_md
+
+
+def test_the_stream_checks_validate_only_new_epochs_and_outlive_the_streams(sandbox,
+                                                                           monkeypatch):
+    """A poke runs ``falkirk validate`` (a Spark session) only when the epoch log has
+    epochs no check judged; with none, and every stream job gone, it keeps waiting
+    (ending would start run after run of the @continuous DAG)."""
+    from falkirk.airflow import checks_tasks
+    from falkirk.quality.checks import Validator
+
+    ran: list[str] = []
+
+    def validate(pipeline, epoch=None, region=None):
+        ran.append(pipeline)
+        return {"quarantined": [], "rollbacks": [], "epochs": []}
+
+    monkeypatch.setattr(checks_tasks, "run_validate", validate)
+    sensor = checks_tasks.EpochChecksSensor(task_id="data_checks", pipeline="reference")
+    pending = Validator.pending
+    assert sensor.poke({}) is False and ran == ["reference"]  # the sandbox's epochs
+    monkeypatch.setattr(Validator, "pending", lambda self, logs=None: [])
+    assert sensor.poke({}) is False and ran == ["reference"]  # nothing new: no validate
+    monkeypatch.setattr(Validator, "pending", pending)
+    monkeypatch.setattr(checks_tasks, "run_validate", lambda *a, **k: {
+        "quarantined": [{"region": "communities", "epoch": 1}], "epochs": [],
+        "rollbacks": [{"pipeline": "reference", "region": "communities", "to_epoch": 0}]})
+    done = sensor.poke({})
+    assert done.is_done and done.xcom_value == [
+        {"pipeline": "reference", "region": "communities", "to_epoch": 0}]
 
 
 CLICKS = """
@@ -90,7 +134,8 @@ def test_every_declared_pipeline_outside_the_checkout_gets_its_dags(airflow_env,
     bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
     assert bag.import_errors == {}
     assert set(bag.dags) == DAG_IDS | {"falkirk_clicks_streams", "falkirk_clicks_batch_counts",
-                                       "falkirk_clicks_rollback", "falkirk_clicks_gc"}
+                                       "falkirk_clicks_rollback", "falkirk_clicks_gc",
+                                       "falkirk_clicks_stream_checks"}
     batch = bag.dags["falkirk_clicks_batch_counts"]
     assert batch.get_task("counts").application == str(clicks / "jobs" / "counts.py")
     assert batch.get_task("trigger_rollback").partial_kwargs["trigger_dag_id"] == \

@@ -233,8 +233,9 @@ def test_airflow_gets_the_new_pipelines_dags_with_nothing_copied(clicks, airflow
     monkeypatch.setenv("FALKIRK_PIPELINES", str(folder.parent))
     bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
     assert bag.import_errors == {}
-    assert {"falkirk_clicks_streams", "falkirk_clicks_batch_page_counts",
-            "falkirk_clicks_rollback", "falkirk_clicks_gc"} <= set(bag.dags)
+    assert {"falkirk_clicks_streams", "falkirk_clicks_stream_checks",
+            "falkirk_clicks_batch_page_counts", "falkirk_clicks_rollback",
+            "falkirk_clicks_gc"} <= set(bag.dags)
     streams = bag.dags["falkirk_clicks_streams"]
     assert "`jobs/clean.py` (clean)" in streams.doc_md
     assert "`jobs/user_totals.py` (user_totals)" in streams.doc_md

@@ -154,3 +154,20 @@ def test_the_golden_run_conserves_events_purchases_and_queries(golden, spark):
         answered = sum(r["answered"] for r in golden["query_stats"]
                        if r["dimension"] == dimension)
         assert answered == len(responses), dimension
+
+
+def test_output_topics_are_made_with_their_declared_partitions(reference_run):
+    """A job makes the topics it sends to as declared (``responses``: 3 partitions, with
+    the profile's replicas) before its first send, instead of the broker auto-creating them
+    with one partition."""
+    from kafka import KafkaAdminClient
+
+    declared = {e.topic: e.partitions for e in reference_run.pipeline.edges.values()
+                if e.kind == "kafka" and e.src is not None}
+    assert declared == {"responses": 3}
+    admin = KafkaAdminClient(bootstrap_servers=reference_run.cfg.kafka_bootstrap)
+    try:
+        made = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(list(declared))}
+    finally:
+        admin.close()
+    assert made == declared

@@ -23,9 +23,10 @@ them and nothing should be rolled back: each counts ``failed_a_job`` when one di
 
 Each death is recovered as the streams supervisor does (roll the dead jobs' regions back as
 failed, restart the dead and stopped jobs). Recovery time is from the kill to when every
-region the rollback moved has committed an epoch in the new generation (or ended). The
-Airflow scheduler is not among the targets: the campaign drives recovery itself, as the
-trials do. At the end the pipeline runs to the end of its input with no more faults and
+region the rollback moved has committed an epoch in the new generation (or ended). Here
+the campaign drives recovery itself, as the trials do; with ``--airflow``
+(:mod:`falkirk_dev.chaos_airflow`) Airflow's streams supervisor recovers and its scheduler
+is among the targets. At the end the pipeline runs to the end of its input with no more faults and
 every output is compared with a failure-free run of the same input: tables and the latest
 answer per key (lost, duplicated), and every message on the output topics (re-sent in the
 same generation: a duplicate a consumer cannot tell; re-sent with another value).

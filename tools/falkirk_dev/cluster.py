@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -360,9 +361,27 @@ def redis_component(root: Path) -> Component:
                      f"redis://127.0.0.1:{REDIS_PORT}")
 
 
+#: Each family of components (a name's first word) and what builds its descriptors.
+FAMILIES: dict[str, Callable[[Path], list[Component]]] = {
+    "spark": spark_components, "kafka": kafka_components,
+    "objectstore": lambda root: [objectstore_component(root)],
+    "postgres": lambda root: [postgres_component(root)],
+    "redis": lambda root: [redis_component(root)],
+}
+
+
 def components(root: Path) -> list[Component]:
-    return [*spark_components(root), *kafka_components(root), objectstore_component(root),
-            postgres_component(root), redis_component(root)]
+    return [c for build in FAMILIES.values() for c in build(root)]
+
+
+def component(root: Path, name: str) -> Component:
+    """One component's descriptor, building only its family's (a restart of one must not
+    write the settings of all the others again)."""
+    build = FAMILIES.get(name.split("-")[0])
+    found = [c for c in build(root) if c.name == name] if build else []
+    if not found:
+        raise ClusterError(f"no component {name!r} in the cluster")
+    return found[0]
 
 
 def _log(root: Path, c: Component) -> Path:
@@ -463,7 +482,7 @@ def start(name: str, root: Path | None = None) -> None:
         raise ClusterError(f"no component {name!r} in the cluster")
     if _alive(rec["pgid"]):
         raise ClusterError(f"{name} is running (process group {rec['pgid']}): kill it first")
-    [c] = [c for c in components(root) if c.name == name]
+    c = component(root, name)
     deadline = time.monotonic() + START_TIMEOUT_S
     _start(root, c)
     (root / "cluster.json").write_text(json.dumps(

@@ -201,22 +201,6 @@ def died_by(code: int | None) -> str:
     return f"exit {code}"
 
 
-def _wait(run, predicate: Callable[[], bool], what: str, timeout_s: float,
-          allowed: set[str] = frozenset()) -> None:
-    """Poll ``predicate``; fail if a job (other than ``allowed``) dies meanwhile."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        bad = run.failed_jobs(allowed)
-        if bad:
-            job, code = next(iter(bad.items()))
-            raise TrialError(f"job {job} ended ({died_by(code)}) while waiting for {what}; "
-                             f"see {run.log_file(job)}")
-        time.sleep(POLL_S)
-    raise TrialError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def finish(run, timeout_s: float = WAIT_END_S) -> None:
     """Wait for every job to exit; each must have finished its input (exit 0)."""
     codes = run.wait(timeout_s=timeout_s)
@@ -259,8 +243,8 @@ def kill_and_recover(run, trial: Trial, data: dict[str, int],
     # 1. The failure.
     if trial.crash_at:
         say(f"waiting for {trial.job} to reach {trial.crash_at}")
-        _wait(run, lambda: run.procs[trial.job].poll() is not None,
-              f"{trial.job} to crash at {trial.crash_at}", WAIT_MOMENT_S, {trial.job})
+        run.wait_for(lambda: run.procs[trial.job].poll() is not None, WAIT_MOMENT_S,
+                     f"{trial.job} to crash at {trial.crash_at}", {trial.job})
         if run.procs[trial.job].returncode == 0:
             raise TrialError(f"{trial.job} finished without reaching {trial.crash_at}")
         t_kill, kill_wall = time.monotonic(), time.time()  # noticed: within POLL_S + JVM exit
@@ -279,8 +263,8 @@ def kill_and_recover(run, trial: Trial, data: dict[str, int],
             return False
 
         say(f"waiting for {trial.region} to be in the middle of epoch {trial.epoch}")
-        _wait(run, moment, f"{trial.region} in the middle of epoch {trial.epoch}",
-              WAIT_MOMENT_S)
+        run.wait_for(moment, WAIT_MOMENT_S,
+                     f"{trial.region} in the middle of epoch {trial.epoch}")
         t_kill, kill_wall = time.monotonic(), time.time()
         run.kill(trial.job)
         out["killed_in_epoch"] = seen[-1]
@@ -346,8 +330,8 @@ def _ready_standbys(run, needed: bool) -> set[int]:
     from falkirk.runtime.standby import warm
 
     if needed:
-        _wait(run, lambda: bool(warm(run.pipeline, run.cfg)), "a warm standby driver",
-              WAIT_MOMENT_S, set(run.failed_jobs()))  # the dead wait for it too
+        run.wait_for(lambda: bool(warm(run.pipeline, run.cfg)), WAIT_MOMENT_S,
+                     "a warm standby driver", set(run.failed_jobs()))  # the dead wait too
     return warm(run.pipeline, run.cfg)
 
 

@@ -20,11 +20,9 @@ from typing import Any
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
-from falkirk.airflow import streams
 from falkirk.airflow.batch import epoch_of
 from falkirk.airflow.supervisor import PipelineSensor
 from falkirk.model.topology import load_pipeline
-from falkirk.runtime import procs
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +65,22 @@ def check_batch_epoch(pipeline: str, region: str, data_interval_start: datetime)
 
 
 class EpochChecksSensor(PipelineSensor):
-    """Checks every newly committed epoch of the streaming regions at each poke.
+    """Checks every newly committed epoch of the streaming regions.
 
-    Done when an epoch failed (XCom: rollback confs, with ``on_failure: rollback``; else
-    the task fails) or when every stream job finished and nothing is left to check."""
+    At each poke it first reads the epoch log for epochs no check has judged (no Spark);
+    only when there are some does it run ``falkirk validate``. Done when an epoch failed
+    (XCom: rollback confs, with ``on_failure: rollback``; else the task fails). Otherwise
+    it keeps waiting, also once every stream job finished: ending would only make the
+    @continuous DAG start a run after run, and a rollback may start the jobs again."""
 
     def poke(self, context: Any) -> PokeReturnValue | bool:
+        from falkirk.config import load
+        from falkirk.quality.checks import Validator
+
         pipeline = load_pipeline(self.pipeline)
-        finished = not procs.running(pipeline) and not streams.pause_marker(pipeline).exists()
+        if not Validator(pipeline, None, load(), docs=False).pending():
+            return False
         report = run_validate(self.pipeline)
         if report["quarantined"]:
             return PokeReturnValue(is_done=True, xcom_value=_outcome(report))
-        if finished and not report["epochs"]:
-            self.log.info("every stream job finished and every epoch is checked")
-            return PokeReturnValue(is_done=True, xcom_value=[])
         return False

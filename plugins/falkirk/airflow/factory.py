@@ -2,8 +2,9 @@
 
 For a pipeline ``p`` (found in ``$FALKIRK_PIPELINES`` or a checkout's ``examples/``):
 
-- ``falkirk_p_streams``: start, watch and recover its streaming jobs, and check their
-  epochs (only when it has regions that are not batch);
+- ``falkirk_p_streams``: start, watch and recover its streaming jobs, and
+  ``falkirk_p_stream_checks``: check their epochs as they commit (only when it has
+  regions that are not batch);
 - ``falkirk_p_batch_<region>``: one run per epoch of each batch region;
 - ``falkirk_p_rollback``: roll it back (its regions in the params; dry run by default);
 - ``falkirk_p_gc``: garbage collection by low watermark.
@@ -46,16 +47,29 @@ Runs continuously (one run after another) while unpaused. Jobs: {jobs}.
    supervising.
 3. **recover** rolls back the dead job's regions (as failed) with falkirk's
    RollbackExecutor, then restarts the jobs it stopped. Its plan appears in the run's
-   **Rollback plan** tab.
-4. **data_checks** (beside watch) runs `falkirk validate` every 30 s: every newly
-   committed epoch of every output table against its expectation suite, plus the
-   pipeline's cross-region invariants. A failing epoch is quarantined: readers hold back
-   and fall back to the last good epoch. The task then fails and says why (results also
-   in the `checks` table, `falkirk validate` and GX Data Docs under `var/checks/`), or,
-   with `checks: {{on_failure: rollback}}` in the pipeline settings, **trigger_rollback**
-   starts `{rollback}` for that region back to its last good epoch.
+   **Rollback plan** tab. The run then ends and the next one watches again.
+
+The data checks of the stream epochs are `{checks}`'s: a run of this DAG never waits
+for them, so a death right after a recovery is watched for at once.
 
 No params. Pause this DAG to stop supervising (the jobs keep running).
+"""
+
+STREAM_CHECKS_DOC = """
+# Stream checks: the `{p}` pipeline's streaming epochs, as they commit
+
+Runs continuously (one run after another) while unpaused, beside `{streams}`.
+
+1. **data_checks** looks every 30 s for newly committed epochs of the streaming regions
+   (a read of the epoch log), and when there are some runs `falkirk validate`: each
+   epoch of every output table against its expectation suite, plus the pipeline's
+   cross-region invariants. A failing epoch is quarantined: readers hold back and fall
+   back to the last good epoch. The task then fails and says why (results also in the
+   `checks` table, `falkirk validate` and GX Data Docs under `var/checks/`), or, with
+   `checks: {{on_failure: rollback}}` in the pipeline settings, **trigger_rollback**
+   starts `{rollback}` for that region back to its last good epoch.
+
+No params. Pause this DAG to stop checking.
 """
 
 BATCH_DOC = """
@@ -134,7 +148,8 @@ without applying it.
 def streams_dag(pipeline: Pipeline) -> DAG:
     p = pipeline.name
     jobs = streams.stream_jobs(pipeline)
-    doc = STREAMS_DOC.format(p=p, rollback=names.rollback(p), jobs=", ".join(
+    doc = STREAMS_DOC.format(p=p, rollback=names.rollback(p), checks=names.stream_checks(p),
+                             jobs=", ".join(
         f"`{job}` ({', '.join(regions)})" for job, regions in sorted(jobs.items())))
     with DAG(
         dag_id=names.streams(p),
@@ -154,13 +169,29 @@ def streams_dag(pipeline: Pipeline) -> DAG:
                                          soft_fail=True)
         recover = PythonOperator(task_id="recover", python_callable=supervisor.recover,
                                  op_kwargs={"pipeline": p})
+        start >> watch >> recover
+    return dag
+
+
+def stream_checks_dag(pipeline: Pipeline) -> DAG:
+    p = pipeline.name
+    with DAG(
+        dag_id=names.stream_checks(p),
+        description=f"Data checks of the streaming epochs of {p} as they commit",
+        doc_md=STREAM_CHECKS_DOC.format(p=p, streams=names.streams(p),
+                                        rollback=names.rollback(p)),
+        schedule="@continuous",
+        start_date=datetime(2024, 1, 1, tzinfo=UTC),
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        tags=[*TAGS, "checks", p],
+    ) as dag:
         checks = checks_tasks.EpochChecksSensor(task_id="data_checks", pipeline=p,
                                                 timeout=timedelta(hours=12).total_seconds())
-        trigger = TriggerDagRunOperator.partial(
+        TriggerDagRunOperator.partial(
             task_id="trigger_rollback", trigger_dag_id=names.rollback(p),
         ).expand(conf=checks.output)
-        start >> watch >> recover
-        start >> checks >> trigger
     return dag
 
 
@@ -242,7 +273,7 @@ def pipeline_dags(pipeline: Pipeline) -> dict[str, DAG]:
     """Every DAG of one pipeline, by id."""
     dags = [rollback_dag(pipeline), gc_dag(pipeline)]
     if streams.stream_jobs(pipeline):
-        dags.append(streams_dag(pipeline))
+        dags += [streams_dag(pipeline), stream_checks_dag(pipeline)]
     dags += [batch_dag(pipeline, r) for r, spec in pipeline.regions.items()
              if spec.regime_rules.runs_per_epoch]
     return {d.dag_id: d for d in dags}

@@ -11,6 +11,11 @@ def streams(pipeline: str) -> str:
     return f"falkirk_{pipeline}_streams"
 
 
+def stream_checks(pipeline: str) -> str:
+    """Checks the streaming regions' epochs as they commit (beside the supervisor)."""
+    return f"falkirk_{pipeline}_stream_checks"
+
+
 def batch(pipeline: str, region: str) -> str:
     """One run per epoch of a batch region."""
     return f"falkirk_{pipeline}_batch_{region}"

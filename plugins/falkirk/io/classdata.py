@@ -89,10 +89,10 @@ def train(cfg: Config | None = None, progress: Callable[[str], None] = print) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     progress(f"training the Spark driver's class-data archive for profile {cfg.env!r} "
              "(a driver writes and reads a few Delta epochs, once; about a minute)")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".jsa", dir=path.parent)
-    os.close(fd)
-    os.unlink(tmp)  # the JVM writes it at exit
-    try:
+    # The JVM writes the archive at its exit, into a folder of this training's own beside
+    # the archive (the same file system: the rename below is atomic).
+    with tempfile.TemporaryDirectory(prefix=f".{path.stem}-", dir=path.parent) as own:
+        tmp = os.path.join(own, path.name)
         with tempfile.TemporaryDirectory(prefix="falkirk-cds-") as scratch:
             done = subprocess.run([sys.executable, "-m", "falkirk.io.classdata", tmp, scratch],
                                   capture_output=True, text=True, timeout=900,
@@ -104,9 +104,6 @@ def train(cfg: Config | None = None, progress: Callable[[str], None] = print) ->
         for old in path.parent.glob(f"driver-{cfg.env}-*.jsa"):
             old.unlink()
         os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     progress(f"class-data archive: {path} ({path.stat().st_size / 2**20:.0f} MB)")
     return path
 

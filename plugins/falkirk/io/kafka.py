@@ -171,12 +171,15 @@ TOPIC_CONFIGS = {
 }
 
 
-def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
-    """Create the input topics that do not exist (with :data:`TOPIC_CONFIGS`, and the
-    profile's ``topic_replication``: 3 replicas on a cluster).
+def ensure_topics(bootstrap: str, topics: dict[str, int], outputs: bool = False) -> None:
+    """Create the topics that do not exist with their declared partitions (with
+    :data:`TOPIC_CONFIGS`, and the profile's ``topic_replication``: 3 replicas on a
+    cluster), instead of leaving them to a broker's auto-creation (one partition).
 
-    An existing topic with another partition count is an error: records are placed in
-    partitions (and so in epochs' offset ranges) by the count they were produced with.
+    An existing input topic with another partition count is an error: records are placed
+    in partitions (and so in epochs' offset ranges) by the count they were produced with.
+    For ``outputs`` (topics a job sends to) it is only logged: a consumer reads every
+    partition, and a topic made before the declaration changed keeps its records.
     """
     from kafka import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
@@ -196,10 +199,11 @@ def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
             except TopicAlreadyExistsError:
                 [described] = admin.describe_topics([name])
                 if len(described["partitions"]) != partitions:
-                    raise KafkaIOError(
-                        f"topic {name!r} exists with {len(described['partitions'])} "
-                        f"partitions, not {partitions}"
-                    ) from None
+                    message = (f"topic {name!r} exists with {len(described['partitions'])} "
+                               f"partitions, not {partitions}")
+                    if not outputs:
+                        raise KafkaIOError(message) from None
+                    _log.warning("%s (declared); its records keep their partitions", message)
     finally:
         admin.close()
 

@@ -176,12 +176,13 @@ class LocalRun:
             time.sleep(0.1)
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 600,
-                 what: str = "a condition") -> None:
+                 what: str = "a condition", allowed: set[str] = frozenset()) -> None:
+        """Poll ``predicate``; fail if a job (but ``allowed``) dies meanwhile."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if predicate():
                 return
-            for job, code in self.failed_jobs().items():
+            for job, code in self.failed_jobs(allowed).items():
                 raise LocalRunError(f"job {job} failed (exit {code}) while waiting for "
                                     f"{what}; see {self.log_file(job)}")
             time.sleep(0.3)

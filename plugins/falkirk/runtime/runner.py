@@ -277,6 +277,7 @@ class JobRunner:
             self.cuts[e.name] = KafkaCut(self.cfg.kafka_bootstrap, e.topic)
             self.positions[e.name] = self._start_offsets(e, logs)
         self.writers: dict[tuple[str, str], Any] = {}
+        self.topics_made: set[str] = set()  # output topics known to exist as declared
 
     # -- setup --------------------------------------------------------------------------
 
@@ -492,7 +493,7 @@ class JobRunner:
 
     def process_epoch(self, e: int, where: dict) -> None:
         from falkirk.io.delta import read_appends, read_version
-        from falkirk.io.kafka import produce, read_range
+        from falkirk.io.kafka import ensure_topics, produce, read_range
 
         started = time.monotonic()
         active = {r for r in self.regions if self.done[r] < e}
@@ -574,6 +575,10 @@ class JobRunner:
                                              "version": committed[edge.table]}
                     t = self._spent(f"write {r}", t)
                 else:
+                    if edge.topic not in self.topics_made:  # not a broker's auto-creation
+                        ensure_topics(self.cfg.kafka_bootstrap, {edge.topic: edge.partitions},
+                                      outputs=True)
+                        self.topics_made.add(edge.topic)
                     outputs[r][edge.name] = {"topic": edge.topic,
                                              "records": produce(
                                                  df, self.cfg.kafka_bootstrap, edge.topic,

@@ -55,11 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="leave Airflow running at the end to look at the runs (default: "
                         "keep; --no-keep-airflow stops it)")
     p.add_argument("--live-checks", action=argparse.BooleanOptionalAction, default=False,
-                   help="run the DAGs' data checks as they are: the supervisor's data_checks "
-                        "sensor (a new falkirk validate, Spark and GX, every 30 s beside the "
-                        "jobs) and the batch DAG's data_checks task after each epoch, in its "
-                        "run, before the next epoch. Default: --no-live-checks, those tasks "
-                        "are marked skipped and falkirk validate runs once at the end (the "
+                   help="run the DAGs' data checks as they are: the stream checks DAG "
+                        "(a new falkirk validate, Spark and GX, every 30 s with new epochs, "
+                        "beside the jobs) and the batch DAG's data_checks task after each "
+                        "epoch, in its run, before the next epoch. Default: --no-live-checks, "
+                        "the first stays paused, the batch tasks are marked skipped and "
+                        "falkirk validate runs once at the end (the "
                         "same checks; several times faster on 2 cores)")
     p.add_argument("--fresh-golden", action="store_true",
                    help="run the failure-free reference again even if its cached outputs "

@@ -28,6 +28,7 @@ from falkirk_dev.demo.base import (
     DEMO_INPUT,
     KILL_EPOCH,
     KILLED_REGION,
+    STREAM_CHECKS,
     SUPERVISOR,
     TERMINAL,
     DemoError,
@@ -292,10 +293,12 @@ class AirflowDemo:
                     raise DemoError(f"Airflow never parsed {missing} (see {self.home}/logs/"
                                     f"dag-processor.log)")
                 time.sleep(2)
-        for dag_id in (SUPERVISOR, BATCH):
+        for dag_id in (SUPERVISOR, BATCH, *((STREAM_CHECKS,) if self.live_checks else ())):
             api.pause(dag_id, False)
         self.log(f"unpaused {SUPERVISOR} (start, watch, recover the stream jobs) and {BATCH} "
-                 f"(popularity: one Spark run per epoch, catchup over {self.epochs} epochs)",
+                 f"(popularity: one Spark run per epoch, catchup over {self.epochs} epochs)"
+                 + (f" and {STREAM_CHECKS} (checks of the stream epochs as they commit)"
+                    if self.live_checks else ""),
                  event=True)
 
     # -- watching ---------------------------------------------------------------------
@@ -418,11 +421,11 @@ class AirflowDemo:
     # -- the story --------------------------------------------------------------------
 
     def skip_live_checks(self, p: dict[str, Any]) -> None:
-        """Without live checks: mark the data_checks task of every new run of both DAGs
-        skipped as soon as the run exists (before it starts: a task marked skipped while it
-        runs is killed, and its validate child could outlive it); the checks run once at
-        the end instead."""
-        for dag_id, runs in ((SUPERVISOR, p["supervisor"]), (BATCH, p["batch"])):
+        """Without live checks (the stream checks DAG stays paused): mark the data_checks
+        task of every new batch run skipped as soon as the run exists (before it starts: a
+        task marked skipped while it runs is killed, and its validate child could outlive
+        it); the checks run once at the end instead."""
+        for dag_id, runs in ((BATCH, p["batch"]),):
             for r in runs:
                 key = f"{dag_id}/{r['dag_run_id']}"
                 if r["state"] not in ("queued", "running") or key in self._skipped:
@@ -613,15 +616,16 @@ class AirflowDemo:
                  f"checks, {len(failed)} failed", event=True)
         if self.live_checks:
             how = ("From the epoch log's checks table. Live checks: the batch DAG's "
-                   "data_checks task checked each popularity epoch after its run, the "
-                   "supervisor's data_checks sensor checked stream epochs as they were "
+                   "data_checks task checked each popularity epoch after its run, "
+                   f"{STREAM_CHECKS} checked stream epochs as they were "
                    "committed, and the demo ran falkirk validate once at the end for what was "
                    f"left ({len(report['epochs'])} region epochs).")
         else:
             how = ("From the epoch log's checks table. Checks once at the end (the default; "
-                   "--live-checks runs the DAGs' own): the demo marked the "
-                   "data_checks tasks of both DAGs skipped and ran falkirk validate once at "
-                   f"the end, over every committed epoch ({len(report['epochs'])} region "
+                   f"--live-checks runs the DAGs' own): {STREAM_CHECKS} stayed paused, "
+                   "the demo marked the batch DAG's data_checks tasks skipped and ran "
+                   f"falkirk validate once at the end, over every committed epoch "
+                   f"({len(report['epochs'])} region "
                    "epochs).")
         return {"summary": summary, "data_docs": docs, "how": how}
 
