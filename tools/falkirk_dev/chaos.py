@@ -286,6 +286,28 @@ class Campaign:
         self.stuck += 1
 
 
+def outcome(kills: list[dict[str, Any]], report: dict[str, dict[str, int]],
+            sent: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The figures every campaign reports: kills by target, what the outputs lost or got
+    twice against the failure-free run (every message on the output topics counted), and
+    the recovery percentiles."""
+    recoveries = sorted(k["recovery_s"] for k in kills if k.get("recovery_s") is not None)
+    by_target: dict[str, int] = {}
+    for k in kills:
+        by_target[k["target"]] = by_target.get(k["target"], 0) + 1
+    return {
+        "kills": len(kills), "kills_by_target": by_target,
+        "lost": sum(v["lost"] for v in report.values()),
+        "duplicated": sum(v["duplicated"] for v in report.values())
+                      + sum(t["resent_same_generation"] for t in sent.values()),
+        "changed_on_resend": sum(t["changed"] for t in sent.values()),
+        "recovery_s_p50": statistics.median(recoveries) if recoveries else None,
+        "recovery_s_p95": (recoveries[min(len(recoveries) - 1, int(0.95 * len(recoveries)))]
+                           if recoveries else None),
+        "outputs_differ": sorted(k for k, v in report.items() if v["lost"] or v["duplicated"]),
+    }
+
+
 def _parts_median(kills: list[dict[str, Any]]) -> dict[str, float]:
     """Per part of a recovery (detect, rollback, start, catch-up), its median over kills."""
     names = sorted({n for k in kills for n in k.get("parts", {})})
@@ -353,20 +375,8 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
         sent = run.sent()
     counted = [k for k in c.kills if k.get("counted", True)]
     recoveries = sorted(k["recovery_s"] for k in counted if k.get("recovery_s") is not None)
-    by_target: dict[str, int] = {}
-    for k in counted:
-        by_target[k["target"]] = by_target.get(k["target"], 0) + 1
     return {
-        "kills": len(counted), "kills_by_target": by_target, "rollbacks": c.rollbacks,
-        "lost": sum(v["lost"] for v in report.values()),
-        "duplicated": sum(v["duplicated"] for v in report.values())
-                      + sum(t["resent_same_generation"] for t in sent.values()),
-        "changed_on_resend": sum(t["changed"] for t in sent.values()),
-        "stuck": c.stuck,
-        "recovery_s_p50": statistics.median(recoveries) if recoveries else None,
-        "recovery_s_p95": (recoveries[min(len(recoveries) - 1,
-                                          int(0.95 * len(recoveries)))]
-                           if recoveries else None),
+        **outcome(counted, report, sent), "rollbacks": c.rollbacks, "stuck": c.stuck,
         # the median of each part of a recovery, and of the slowest twentieth's
         "recovery_parts_s_p50": _parts_median(counted),
         "recovery_parts_s_slowest": _parts_median(
@@ -379,7 +389,6 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
         "engines": "cluster" if cluster else "local",
         "infrastructure_faults_that_failed_a_job": sum(
             1 for k in counted if k.get("failed_a_job")),
-        "outputs_differ": sorted(k for k, v in report.items() if v["lost"] or v["duplicated"]),
         "sent": sent, "events": c.kills,
     }
 

@@ -251,6 +251,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
     """Run the campaign under Airflow; its figures (the keys of the campaign without
     Airflow, plus each kill's ``rollback_done_s``: the supervisor's part). ``targets`` and
     ``strikes`` (at most that many) narrow it for CI's short variant."""
+    from falkirk_dev.chaos import outcome
     from falkirk_dev.demo.airflow import AirflowDemo
     from falkirk_dev.harness import compare
 
@@ -286,29 +287,16 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         failed = False
     finally:
         demo.shutdown(failed)
-    recoveries = sorted(k["recovery_s"] for k in c.kills if k.get("recovery_s") is not None)
-    by_target: dict[str, int] = {}
-    for k in c.kills:
-        by_target[k["target"]] = by_target.get(k["target"], 0) + 1
     jobs = [k for k in c.kills if k["target"] != "broker" and "rollback_done_s" in k]
     return {
-        "kills": len(c.kills), "kills_by_target": by_target,
+        **outcome(c.kills, report, sent), "stuck": c.stuck,
         "rollbacks": len([r for r in demo.run.log.rollbacks(demo.run.pipeline.name)
                           if r["status"] == "done"]),
-        "lost": sum(v["lost"] for v in report.values()),
-        "duplicated": sum(v["duplicated"] for v in report.values())
-                      + sum(t["resent_same_generation"] for t in sent.values()),
-        "changed_on_resend": sum(t["changed"] for t in sent.values()),
-        "stuck": c.stuck,
-        "recovery_s_p50": statistics.median(recoveries) if recoveries else None,
-        "recovery_s_p95": (recoveries[min(len(recoveries) - 1, int(0.95 * len(recoveries)))]
-                           if recoveries else None),
         # the supervisor's part: kill -> its rollback done (detection, scheduling, rollback)
         "rollback_done_s_p50": (statistics.median(k["rollback_done_s"] for k in jobs)
                                 if jobs else None),
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
         "standby_drivers": standby, "engines": "local", "airflow": True,
-        "outputs_differ": sorted(k for k, v in report.items() if v["lost"] or v["duplicated"]),
         "sent": sent, "events": c.kills,
     }
 

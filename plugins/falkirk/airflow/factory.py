@@ -145,23 +145,29 @@ without applying it.
 """
 
 
-def streams_dag(pipeline: Pipeline) -> DAG:
-    p = pipeline.name
-    jobs = streams.stream_jobs(pipeline)
-    doc = STREAMS_DOC.format(p=p, rollback=names.rollback(p), checks=names.stream_checks(p),
-                             jobs=", ".join(
-        f"`{job}` ({', '.join(regions)})" for job, regions in sorted(jobs.items())))
-    with DAG(
-        dag_id=names.streams(p),
-        description=f"Start, watch and recover the streaming jobs of {p}",
+def _continuous(dag_id: str, description: str, doc: str, tag: str, p: str) -> DAG:
+    """A DAG that runs one run after another while unpaused (the stream DAGs)."""
+    return DAG(
+        dag_id=dag_id,
+        description=description,
         doc_md=doc,
         schedule="@continuous",
         start_date=datetime(2024, 1, 1, tzinfo=UTC),  # without one, @continuous reuses a date
         catchup=False,
         max_active_runs=1,
         default_args=DEFAULT_ARGS,
-        tags=[*TAGS, "streams", p],
-    ) as dag:
+        tags=[*TAGS, tag, p],
+    )
+
+
+def streams_dag(pipeline: Pipeline) -> DAG:
+    p = pipeline.name
+    jobs = streams.stream_jobs(pipeline)
+    doc = STREAMS_DOC.format(p=p, rollback=names.rollback(p), checks=names.stream_checks(p),
+                             jobs=", ".join(
+        f"`{job}` ({', '.join(regions)})" for job, regions in sorted(jobs.items())))
+    with _continuous(names.streams(p), f"Start, watch and recover the streaming jobs of {p}",
+                     doc, "streams", p) as dag:
         start = PythonOperator(task_id="start_streams", python_callable=supervisor.start,
                                op_kwargs={"pipeline": p})
         watch = supervisor.StreamsSensor(task_id="watch", pipeline=p,
@@ -175,18 +181,10 @@ def streams_dag(pipeline: Pipeline) -> DAG:
 
 def stream_checks_dag(pipeline: Pipeline) -> DAG:
     p = pipeline.name
-    with DAG(
-        dag_id=names.stream_checks(p),
-        description=f"Data checks of the streaming epochs of {p} as they commit",
-        doc_md=STREAM_CHECKS_DOC.format(p=p, streams=names.streams(p),
-                                        rollback=names.rollback(p)),
-        schedule="@continuous",
-        start_date=datetime(2024, 1, 1, tzinfo=UTC),
-        catchup=False,
-        max_active_runs=1,
-        default_args=DEFAULT_ARGS,
-        tags=[*TAGS, "checks", p],
-    ) as dag:
+    doc = STREAM_CHECKS_DOC.format(p=p, streams=names.streams(p), rollback=names.rollback(p))
+    with _continuous(names.stream_checks(p),
+                     f"Data checks of the streaming epochs of {p} as they commit",
+                     doc, "checks", p) as dag:
         checks = checks_tasks.EpochChecksSensor(task_id="data_checks", pipeline=p,
                                                 timeout=timedelta(hours=12).total_seconds())
         TriggerDagRunOperator.partial(
