@@ -131,6 +131,44 @@ def test_a_bounded_input_cuts_its_last_epochs_at_the_bound_and_then_ends(broker)
         cut.close()
 
 
+def test_a_job_starting_while_the_broker_is_down_waits_for_it(tmp_path, caplog):
+    """A job cuts its input topic from its start (KafkaCut). The campaign under Airflow
+    killed the broker as ingest started: kafka-python gave up bootstrapping after 30 s
+    and the job died. Its first attempt now fails (the broker stays down until it did)
+    and is asked again, like every later question to the broker."""
+    import logging
+    import threading
+    import time
+
+    from falkirk.local.broker import LocalBroker, free_port
+    from falkirk.runtime.runner import KafkaCut
+
+    caplog.set_level(logging.WARNING, logger="falkirk.io.kafka")
+    with LocalBroker(tmp_path / "b", port=free_port()) as b:
+        b.create_topic("kio-down", 2)
+        b.kill()
+        made: list[KafkaCut] = []
+        failed: list[BaseException] = []
+
+        def start() -> None:
+            try:
+                made.append(KafkaCut(b.bootstrap, "kio-down"))
+            except BaseException as e:  # noqa: BLE001 - the test reports it
+                failed.append(e)
+
+        job = threading.Thread(target=start)
+        job.start()
+        deadline = time.monotonic() + 120
+        while not failed and time.monotonic() < deadline and not any(
+                "broker not answering" in r.getMessage() for r in caplog.records):
+            time.sleep(0.2)  # the first attempt to end, not a timing guess
+        b.start()
+        job.join(timeout=180)
+    assert failed == [] and made, failed
+    assert sorted(tp.partition for tp in made[0].tps) == [0, 1]
+    made[0].consumer.close()
+
+
 def test_produce_sends_every_row_and_counts_them(spark, broker):
     broker.create_topic("kio-out", 2)
     df = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(50)], "key string, value string")

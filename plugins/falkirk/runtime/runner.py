@@ -95,17 +95,28 @@ class KafkaCut:
     """
 
     def __init__(self, bootstrap: str, topic: str):
-        from kafka import KafkaConsumer
-
         self.topic = topic
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                      enable_auto_commit=False, client_id="falkirk-cut")
-        parts = self.consumer.partitions_for_topic(topic)
+        self.consumer, parts = self._connect(bootstrap, topic)
         if not parts:
             raise RuntimeFailure(f"topic {topic!r} does not exist on {bootstrap}")
         from kafka import TopicPartition
 
         self.tps = [TopicPartition(topic, p) for p in sorted(parts)]
+
+    @staticmethod
+    @broker_retry
+    def _connect(bootstrap: str, topic: str) -> tuple[Any, set[int] | None]:
+        """A consumer and the topic's partitions; a broker restarting as the job starts
+        is waited for (kafka-python gives up bootstrapping after 30 s)."""
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                 enable_auto_commit=False, client_id="falkirk-cut")
+        try:
+            return consumer, consumer.partitions_for_topic(topic)
+        except Exception:
+            consumer.close()
+            raise
 
     @broker_retry
     def beginning(self) -> Offsets:
@@ -576,8 +587,8 @@ class JobRunner:
                     t = self._spent(f"write {r}", t)
                 else:
                     if edge.topic not in self.topics_made:  # not a broker's auto-creation
-                        ensure_topics(self.cfg.kafka_bootstrap, {edge.topic: edge.partitions},
-                                      outputs=True)
+                        broker_retry(ensure_topics)(self.cfg.kafka_bootstrap,
+                                                    {edge.topic: edge.partitions}, outputs=True)
                         self.topics_made.add(edge.topic)
                     outputs[r][edge.name] = {"topic": edge.topic,
                                              "records": produce(
