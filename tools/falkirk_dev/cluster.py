@@ -90,6 +90,7 @@ POSTGRES_MAJOR, REDIS_VERSION = "15", "7.0"
 #: the task slots of each, and how long a worker may be silent before its task is failed
 #: and retried (a lost worker).
 CELERY_WORKERS, CELERY_CONCURRENCY, TASK_HEARTBEAT_TIMEOUT_S = 2, 2, 90
+ORPHANED_TASKS_CHECK_S = 20  # a lost scheduler's tasks reset this often (bin/airflow)
 
 
 class ClusterError(FalkirkError, RuntimeError):
