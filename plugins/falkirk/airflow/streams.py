@@ -26,12 +26,16 @@ def stream_jobs(pipeline: Pipeline) -> dict[str, list[str]]:
 log_file = procs.log_file  # where a job writes its output
 
 
-def finished_cleanly(pipeline: Pipeline, job: str, cfg: Config | None = None) -> bool:
+def finished_cleanly(pipeline: Pipeline, job: str, cfg: Config | None = None,
+                     runs: dict[str, dict] | None = None) -> bool:
     """The job's own latest row in the log of job runs says it finished (exit code 0: its
-    input ended or it reached its bound): not a death. A killed job wrote no end row."""
-    from falkirk.log.epochlog import EpochLog
+    input ended or it reached its bound): not a death. A killed job wrote no end row.
+    ``runs``: that log already read (one read for several jobs)."""
+    if runs is None:
+        from falkirk.log.epochlog import EpochLog
 
-    row = EpochLog.from_config(cfg or load()).job_runs(pipeline.name).get(job)
+        runs = EpochLog.from_config(cfg or load()).job_runs(pipeline.name)
+    row = runs.get(job)
     return row is not None and row["status"] == "finished" and row["exit_code"] == 0
 
 
@@ -68,8 +72,14 @@ def dead_jobs(pipeline: Pipeline, cfg: Config | None = None) -> dict[str, list[s
     if pause_marker(pipeline, cfg).exists():
         return {}
     alive = {info["job"] for info in procs.running(pipeline, cfg)}
-    return {job: regions for job, regions in stream_jobs(pipeline).items()
-            if job not in alive and not finished_cleanly(pipeline, job, cfg)}
+    gone = {job: regions for job, regions in stream_jobs(pipeline).items() if job not in alive}
+    if not gone:
+        return {}  # every job runs: the log of job runs is not read
+    from falkirk.log.epochlog import EpochLog
+
+    runs = EpochLog.from_config(cfg or load()).job_runs(pipeline.name)  # once for all
+    return {job: regions for job, regions in gone.items()
+            if not finished_cleanly(pipeline, job, cfg, runs)}
 
 
 BATCH_RERUN_ARGS = ["--idle-timeout", "300"]  # a rerun waits this long for replayed input

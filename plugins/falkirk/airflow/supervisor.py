@@ -14,7 +14,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from falkirk.airflow import streams
 from falkirk.airflow.render import plan_markdown
-from falkirk.model.topology import load_pipeline
+from falkirk.model.topology import Pipeline, load_pipeline
 from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
 from falkirk.runtime import procs
 
@@ -64,11 +64,10 @@ class PipelineSensor(BaseSensorOperator):
 WATCH_INTERVAL_S = 1.0
 
 
-def dead_or_finished(pipeline_name: str) -> dict[str, list[str]]:
+def dead_or_finished(pipeline: Pipeline) -> dict[str, list[str]]:
     """One look at the stream jobs: the dead ones (job -> regions), or {} while they run.
     Pauses by a rollback run are not deaths. When every stream job has finished because its
     input ended, the pipeline's standby drivers are stopped: nothing is left for them."""
-    pipeline = load_pipeline(pipeline_name)
     dead = streams.dead_jobs(pipeline)
     if not dead and not procs.running(pipeline) and not streams.pause_marker(pipeline).exists():
         from falkirk.runtime import standby
@@ -95,8 +94,9 @@ class StreamDeathTrigger(BaseTrigger):
                 {"pipeline": self.pipeline, "interval_s": self.interval_s})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        pipeline = await asyncio.to_thread(load_pipeline, self.pipeline)  # once, not per look
         while True:
-            dead = await asyncio.to_thread(dead_or_finished, self.pipeline)
+            dead = await asyncio.to_thread(dead_or_finished, pipeline)
             if dead:
                 self.log.info("dead: %s", dead)
                 yield TriggerEvent({"dead": dead})
@@ -126,7 +126,7 @@ class StreamsSensor(PipelineSensor):
         self.interval_s = interval_s
 
     def poke(self, context: Any) -> PokeReturnValue | bool:
-        dead = dead_or_finished(self.pipeline)
+        dead = dead_or_finished(load_pipeline(self.pipeline))
         if dead:
             self.log.info("dead: %s", dead)
             return PokeReturnValue(is_done=True, xcom_value=dead)
