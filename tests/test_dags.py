@@ -574,3 +574,61 @@ def test_the_supervisor_starts_nothing_while_paused_and_resumes_a_crashed_rollba
     assert at_start == [None]  # the crashed rollback was finished before any start
     assert [r["status"] for r in log.rollbacks("reference")] == ["started", "done"]
     assert log.generation("reference") == plan.generation
+
+
+def test_a_job_killed_between_watches_is_rolled_back_before_it_starts_again(
+        sandbox, monkeypatch):
+    """Forced interleaving: ingest was killed after the last watch had fired (during the
+    last ``recover``, or between two supervisor runs), so no watch saw it. The next run's
+    start step must roll its regions back as failed before starting it (restarted as is,
+    it would redo epochs whose output its consumers had read). A job a rollback stopped
+    (its ``stopped`` row) and one that finished are not deaths: nothing rolls them back."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from falkirk.airflow import streams, supervisor
+    from falkirk.log.epochlog import EpochLog
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
+
+    pipeline = load_pipeline("reference")
+    log = EpochLog.from_config(sandbox)
+    started: list[tuple[str, int]] = []  # job, rollbacks done when it was started
+
+    class Launched:  # what procs.start_job returns that start_streams reads
+        pid = 1
+
+    def launch(pipe, job, args, cfg=None):
+        started.append((job, len(log.rollbacks("reference"))))
+        return Launched()
+
+    serve = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands for serve
+    try:
+        folder = Path(sandbox.var_dir) / "run" / "reference"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "serve.json").write_text(json.dumps(
+            {"pid": serve.pid, "pgid": serve.pid, "job": "jobs/serve.py",
+             "regions": ["serve", "stats"], "process_started": procs.process_started(serve.pid)}))
+        assert procs.stop_regions(pipeline, {"stats"}) == ["jobs/serve.py"]  # as a rollback
+        assert serve.wait(timeout=30) is not None
+    finally:
+        serve.kill()
+    assert log.job_runs("reference")["jobs/serve.py"]["status"] == "stopped"
+    assert streams.dead_jobs(pipeline, killed_only=True) == {}  # stopped: not a death
+
+    monkeypatch.setattr(procs, "start_job", launch)
+    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions, cfg=None: [])
+    monkeypatch.setattr(streams, "rerun_batch_epochs", lambda pipe, inv, cfg=None: {})
+    supervisor.start("reference")  # nothing ran yet: only starts, no rollback
+    assert sorted(j for j, _ in started) == sorted(streams.stream_jobs(pipeline))
+    assert log.rollbacks("reference") == []
+    started.clear()
+    _job_ended(pipeline, "jobs/ingest.py", "started", None)  # then SIGKILLed: no end row
+    _job_ended(pipeline, "jobs/communities.py", "finished", 0)
+    supervisor.start("reference")
+    rollbacks = log.rollbacks("reference")
+    assert [r["status"] for r in rollbacks] == ["started", "done"]
+    assert rollbacks[-1]["request"]["failed"] == ["ingest"]
+    assert ("jobs/ingest.py", 2) in started  # after the rollback was done
+    assert ("jobs/serve.py", 0) not in started and ("jobs/serve.py", 2) in started

@@ -67,8 +67,12 @@ def start_streams(pipeline: Pipeline, cfg: Config | None = None,
             for job in only if job not in alive}
 
 
-def dead_jobs(pipeline: Pipeline, cfg: Config | None = None) -> dict[str, list[str]]:
-    """Stream jobs that are not running and did not finish: job -> its regions."""
+def dead_jobs(pipeline: Pipeline, cfg: Config | None = None, killed_only: bool = False
+              ) -> dict[str, list[str]]:
+    """Stream jobs that are not running and did not finish: job -> its regions.
+    ``killed_only``: only those killed or crashed (their latest row in the log of job runs
+    is a start with no end, or a failure); not those never started nor those a rollback
+    stopped (``stopped``): they only need starting."""
     if pause_marker(pipeline, cfg).exists():
         return {}
     alive = {info["job"] for info in procs.running(pipeline, cfg)}
@@ -79,7 +83,8 @@ def dead_jobs(pipeline: Pipeline, cfg: Config | None = None) -> dict[str, list[s
 
     runs = EpochLog.from_config(cfg or load()).job_runs(pipeline.name)  # once for all
     return {job: regions for job, regions in gone.items()
-            if not finished_cleanly(pipeline, job, cfg, runs)}
+            if not finished_cleanly(pipeline, job, cfg, runs)
+            and (not killed_only or (job in runs and runs[job]["status"] != "stopped"))}
 
 
 BATCH_RERUN_ARGS = ["--idle-timeout", "300"]  # a rerun waits this long for replayed input

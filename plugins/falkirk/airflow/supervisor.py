@@ -26,7 +26,10 @@ def start(pipeline: str) -> dict[str, int]:
 
     Not while a rollback run has paused the streams (it starts them itself), and not before
     a rollback that crashed half-way is finished: it is resumed first, from the epoch log
-    (the generation it moved to is the one the jobs must start in).
+    (the generation it moved to is the one the jobs must start in). A job that died since
+    the last watch (between runs of this DAG, or during the last ``recover``) is not just
+    started again: its regions are rolled back as failed first, as ``recover`` does, or
+    its restart would redo epochs whose output its consumers already read.
     """
     from falkirk.log.epochlog import EpochLog
 
@@ -42,9 +45,37 @@ def start(pipeline: str) -> dict[str, int]:
         request = RollbackRequest(**{**pending["request"], "dry_run": False})
         RollbackExecutor(pipe, stop_regions=lambda regions: procs.stop_regions(pipe, regions)
                          ).run(request, progress=log.info)
-    started = streams.start_streams(pipe)
+    started: dict[str, int] = {}
+    dead = streams.dead_jobs(pipe, killed_only=True)
+    if dead:
+        log.info("died since the last watch: %s; rolling their regions back first", dead)
+        started.update(roll_back_and_restart(pipe, dead, "the start of a supervisor run")
+                       ["restarted"])
+    started.update(streams.start_streams(pipe))
     log.info("started %s", started or "nothing: every stream job runs or has finished")
     return started
+
+
+def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str
+                          ) -> dict[str, Any]:
+    """Roll back the dead jobs' regions (as failed), restart every job stopped or moved,
+    and rerun the batch epochs the rollback invalidated (as the rollback DAG does)."""
+    stopped: list[str] = []
+
+    def stop(regions: set[str]) -> None:
+        stopped.extend(procs.stop_regions(pipe, regions))
+
+    failed = sorted({r for regions in dead.values() for r in regions})
+    request = RollbackRequest(pipe.name, failed=failed, dry_run=False,
+                              reason=f"supervisor ({by}): job(s) {', '.join(sorted(dead))} died")
+    done = RollbackExecutor(pipe, stop_regions=stop).run(request, progress=log.info)
+    restart = set(dead) | set(stopped) | set(streams.hosting(pipe, done.affected))
+    restarted = streams.start_streams(pipe, only=sorted(restart))
+    log.info("restarted %s", restarted)
+    reran = streams.rerun_batch_epochs(pipe, done.invalidate)
+    log.info("reran batch epochs %s", reran or "none")
+    return {"rollback_id": done.rollback_id, "restarted": restarted, "reran": reran,
+            "plan": done}
 
 
 class PipelineSensor(BaseSensorOperator):
@@ -155,23 +186,10 @@ def recover(pipeline: str, ti: Any) -> dict[str, Any]:
         log.info("nothing died")
         return {}
     pipe = load_pipeline(pipeline)
-    stopped: list[str] = []
-
-    def stop(regions: set[str]) -> None:
-        stopped.extend(procs.stop_regions(pipe, regions))
-
-    failed = sorted({r for regions in dead.values() for r in regions})
-    request = RollbackRequest(pipe.name, failed=failed, dry_run=False,
-                              reason=f"supervisor ({ti.run_id}): job(s) "
-                                     f"{', '.join(sorted(dead))} died")
-    done = RollbackExecutor(pipe, stop_regions=stop).run(request, progress=log.info)
+    out = roll_back_and_restart(pipe, dead, ti.run_id)
+    done = out.pop("plan")
     markdown = plan_markdown(done.to_json(), pipe)
     log.info("rollback plan:\n%s", markdown)
     ti.xcom_push(key="plan_markdown", value=markdown)
     ti.xcom_push(key="plan", value=done.to_json())
-    restart = set(dead) | set(stopped) | set(streams.hosting(pipe, done.affected))
-    restarted = streams.start_streams(pipe, only=sorted(restart))
-    log.info("restarted %s", restarted)
-    reran = streams.rerun_batch_epochs(pipe, done.invalidate)  # as the rollback DAG does
-    log.info("reran batch epochs %s", reran or "none")
-    return {"rollback_id": done.rollback_id, "restarted": restarted, "reran": reran}
+    return out

@@ -296,11 +296,15 @@ class EpochLog:
 
     def record_job_run(self, pipeline: str, job: str, regions: Iterable[str], generation: int,
                        status: str, exit_code: int | None = None,
-                       last_epoch: int | None = None, message: str | None = None) -> None:
-        """A job process started, finished or failed (written by the job itself)."""
+                       last_epoch: int | None = None, message: str | None = None,
+                       process: dict | None = None) -> None:
+        """A job process started, finished or failed (written by the job itself), or was
+        stopped (written by who stopped it: ``process`` names the job's process then)."""
         from falkirk.runtime.procs import this_process
 
         me = this_process()
+        if process is not None:
+            me = {k: process.get(k) if process.get(k) is not None else me[k] for k in me}
         self._append("job_runs", [{
             "pipeline": pipeline, "job": job, "regions": json.dumps(sorted(regions)),
             "generation": generation, "pid": me["pid"], "host": me["host"],

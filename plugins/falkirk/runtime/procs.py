@@ -207,10 +207,27 @@ def stop_group(pgid: int, timeout_s: float = 30.0) -> None:
 
 
 def stop_regions(pipeline: Pipeline, regions: set[str], cfg: Config | None = None) -> list[str]:
-    """Stop every running job that hosts one of ``regions``; return the jobs stopped."""
+    """Stop every running job that hosts one of ``regions``; return the jobs stopped.
+
+    Each stopped job gets a ``stopped`` row in the log of job runs: the supervisor must
+    not take it for a death (and roll its regions back as failed) if the one who stopped
+    it dies before starting it again."""
     stopped = []
     for info in running(pipeline, cfg):
         if set(info["regions"]) & regions:
             stop_group(info["pgid"])
-            stopped.append(info["job"])
+            stopped.append(info)
+    if stopped:
+        from falkirk.config import load
+        from falkirk.log.epochlog import EpochLog
+
+        log = EpochLog.from_config(cfg or load())
+        runs = log.job_runs(pipeline.name)
+        for info in stopped:
+            log.record_job_run(pipeline.name, info["job"], info["regions"],
+                               (runs.get(info["job"]) or {}).get("generation") or 0,
+                               "stopped", message="stopped by a rollback",
+                               process={"host": info.get("host"), "pid": info["pid"],
+                                        "started": info.get("process_started")})
+    stopped = [info["job"] for info in stopped]
     return stopped
