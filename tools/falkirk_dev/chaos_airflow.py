@@ -30,6 +30,7 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,20 +71,34 @@ def scheduler_processes(home: Path) -> list[int]:
 
 
 class AirflowCampaign:
-    """The run under Airflow, the random draws, what happened."""
+    """The run under Airflow, the random draws, what happened.
+
+    Strikes come on a clock (:meth:`step`): by default the next one waits until every
+    earlier kill has recovered (then 1-8 s more); with ``every_s`` one comes every
+    ``every_s`` seconds on average (0.5-1.5 times it) whether or not the last ones have
+    recovered, so kills land in the middle of recoveries: a restarted job still starting,
+    a ``recover`` task in its rollback, the scheduler down while a job is dead."""
 
     def __init__(self, demo, rng: random.Random, say: Callable[[str], None],
-                 targets: tuple[str, ...] = TARGETS):
+                 targets: tuple[str, ...] = TARGETS, every_s: float | None = None):
         self.demo, self.rng, self.say = demo, rng, say
         self.targets = targets
+        self.every_s = every_s
         self.kills: list[dict[str, Any]] = []
+        self.pending: list[dict[str, Any]] = []  # kills not recovered yet
         self.stuck = 0
-        self.seen_rollbacks = 0
         self._asked = 0.0
+        self._settled = 0.0
+        self.next_at = time.monotonic() + self._gap()
+        self.respawn_at: float | None = None  # the scheduler is down until then
 
     @property
     def run(self):
         return self.demo.run
+
+    def _gap(self) -> float:
+        return (self.rng.uniform(1.0, 8.0) if self.every_s is None
+                else self.rng.uniform(0.5, 1.5) * self.every_s)
 
     def stream_jobs_alive(self) -> list[dict]:
         from falkirk.airflow import streams
@@ -103,68 +118,89 @@ class AirflowCampaign:
         """Every 5 s: Airflow's runs, as the demo reads them. It marks each new batch
         run's data_checks skipped (the checks run once at the end, as in the demo; the
         stream checks DAG stays paused) and fails the campaign on a failed run or task."""
-        if time.monotonic() - self._asked < 5.0:
-            return
+        if time.monotonic() - self._asked < 5.0 or self.respawn_at is not None:
+            return  # (nothing asks Airflow while its scheduler is down)
         self._asked = time.monotonic()
         self.demo.check_failures(self.demo.progress(airflow=True))
 
-    def pause(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+    def step(self) -> None:
+        """One turn of the campaign: start the scheduler again when its time came, look at
+        the pending recoveries, strike when the clock says so."""
+        now = time.monotonic()
+        if self.respawn_at is not None and now >= self.respawn_at:
+            self._respawn()
+        self.tick()
+        self.settle()
+        if now >= self.next_at and (self.every_s is not None or not self.pending):
+            self.strike()  # (the broker's restart takes seconds: the clock runs meanwhile)
+            self.next_at = (now if self.every_s is not None else time.monotonic()) + self._gap()
+        else:
+            time.sleep(POLL_S)
+
+    def drain(self) -> None:
+        """No more strikes: wait until every kill has recovered (or is counted stuck)."""
+        while self.pending or self.respawn_at is not None:
+            if self.respawn_at is not None and time.monotonic() >= self.respawn_at:
+                self._respawn()
             self.tick()
-            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+            self.settle()
+            time.sleep(POLL_S)
 
     # -- faults ---------------------------------------------------------------------------
 
     def strike(self) -> None:
-        """Wait a random moment, then break something (the target drawn from the seed)."""
-        self.pause(self.rng.uniform(1.0, 8.0))
+        """Break something (the target drawn from the seed)."""
         target = self.rng.choice(self.targets)
+        log, name = self.run.log, self.run.pipeline.name
+        before = {"records_before": len(log.records(name)), "wall": datetime.now(UTC),
+                  "rollbacks_before": len(self._rollbacks_done())}
         if target == "broker":
             t = time.monotonic()
             self.demo.broker.restart(crash=True)
-            self.kills.append({"target": "broker", "at": t})
+            self._kill_recorded({"target": "broker", "at": t, **before})
             self.say("broker SIGKILLed and started again")
-            self._wait_any_commit(t)
             return
         alive = self.stream_jobs_alive()
         if not alive:
             return  # between a death and its restart, or the streams ended
         victim = self.rng.choice(alive)
         t = time.monotonic()
-        down_s = None
-        if target == "scheduler":
+        kill: dict[str, Any] = {"target": target, "job": victim["job"], "at": t,
+                                "regions": sorted(victim["regions"]), **before}
+        if target == "scheduler" and self.respawn_at is None:
             pids = scheduler_processes(self.demo.home)
             for pid in pids:
                 _kill(pid)
             self.say(f"Airflow's scheduler SIGKILLed ({len(pids)} processes with its "
                      f"executor and tasks)")
+            self.respawn_at = t + self.rng.uniform(2.0, 6.0)
+            self._down_since = t
+        elif target == "scheduler":
+            kill["target"] = "job"  # the scheduler is down already: only the job
         _kill_group(victim["pgid"])
         self.say(f"{Path(victim['job']).stem} SIGKILLed")
-        if target == "scheduler":
-            time.sleep(self.rng.uniform(2.0, 6.0))  # nothing asks Airflow meanwhile
-            done = self.demo.bin_airflow("respawn", "scheduler", timeout=60)
-            if done.returncode != 0:
-                raise RuntimeError(f"bin/airflow respawn scheduler failed: {done.stderr}")
-            down_s = time.monotonic() - t
-            self.say(f"scheduler started again after {down_s:.1f} s")
-        kill = {"target": target, "job": victim["job"], "at": t}
-        if down_s is not None:
-            kill["scheduler_down_s"] = round(down_s, 2)
+        self._kill_recorded(kill)
+
+    def _kill_recorded(self, kill: dict[str, Any]) -> None:
         self.kills.append(kill)
-        self._wait_recovered(kill, set(victim["regions"]))
+        self.pending.append(kill)
+
+    def _respawn(self) -> None:
+        done = self.demo.bin_airflow("respawn", "scheduler", timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"bin/airflow respawn scheduler failed: {done.stderr}")
+        down_s = time.monotonic() - self._down_since
+        for k in self.kills:
+            if k["target"] == "scheduler" and k["at"] == self._down_since:
+                k["scheduler_down_s"] = round(down_s, 2)
+        self.respawn_at = None
+        self.say(f"scheduler started again after {down_s:.1f} s")
 
     # -- recovery -------------------------------------------------------------------------
 
-    def _new_rollback(self, regions: set[str]) -> dict | None:
-        """The first finished rollback since the last one seen that names a dead region."""
-        done = [r for r in self.run.log.rollbacks(self.run.pipeline.name)
+    def _rollbacks_done(self) -> list[dict]:
+        return [r for r in self.run.log.rollbacks(self.run.pipeline.name)
                 if r["status"] == "done"]
-        for r in done[self.seen_rollbacks:]:
-            if set(r["request"].get("failed") or []) & regions:
-                self.seen_rollbacks = done.index(r) + 1
-                return r
-        return None
 
     def _watched(self, plan: dict) -> set[str]:
         """The regions whose next commit ends the recovery: the moved stream regions, and
@@ -175,56 +211,70 @@ class AirflowCampaign:
         return {r for r in moved if not pipe.regions[r].regime_rules.runs_per_epoch
                 or r in rerun}
 
-    def _back(self, regions: set[str], generation: int) -> set[str]:
-        """Regions with a commit in ``generation`` (or later), or whose job finished at the
-        end of its input in it."""
+    def _back(self, regions: set[str], generation: int, new: list, runs: dict,
+              since: datetime) -> set[str]:
+        """Regions with a commit (or checkpoint) in ``new`` (the epoch log's records since
+        the kill) in ``generation`` or later, or whose job finished at the end of its input
+        since then in it."""
         from falkirk.runtime.procs import jobs_of
 
-        out = {r for r, rlog in self.run.log.regions(self.run.pipeline).items()
-               if r in regions and any(row.generation >= generation and row.status != "running"
-                                       for row in rlog.entries.values())}
-        runs = self.run.log.job_runs(self.run.pipeline.name)
+        out = {r.region for r in new if r.region in regions and r.generation >= generation
+               and r.status in ("committed", "checkpointed")}
         for job, hosted in jobs_of(self.run.pipeline).items():
             row = runs.get(job) or {}
             if (row.get("status") == "finished" and row.get("exit_code") == 0
-                    and (row.get("generation") or 0) >= generation):
+                    and (row.get("generation") or 0) >= generation
+                    and row["recorded_at"] > since):
                 out |= set(hosted) & regions
         return out
 
-    def _wait_recovered(self, kill: dict[str, Any], dead: set[str]) -> None:
-        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-        rollback = None
-        while time.monotonic() < deadline:
-            if rollback is None:
-                rollback = self._new_rollback(dead)
+    def settle(self) -> None:
+        """Each pending kill that has recovered gets its recovery time (the epoch log read
+        once a second for all of them): from the kill to the next commit of every region
+        it hit (a broker's: of any region) and, when a rollback named one of them as failed
+        after the kill (the supervisor's watch, or its next run's start step), of every
+        region that rollback moved, in its generation. A job killed before it wrote its
+        start row did nothing yet: it is only started again, with no rollback."""
+        if not self.pending or time.monotonic() - self._settled < 1.0:
+            return
+        self._settled = time.monotonic()
+        log, name = self.run.log, self.run.pipeline.name
+        rollbacks = self._rollbacks_done()
+        records = log.records(name)
+        runs = log.job_runs(name)
+        now = time.monotonic()
+        for kill in list(self.pending):
+            new = records[kill["records_before"]:]
+            if kill["target"] == "broker":
+                back = (any(r.status in ("committed", "checkpointed") for r in new)
+                        or self.all_done())
+            else:
+                regions, generation = set(kill["regions"]), 0
+                rollback = next((r for r in rollbacks[kill["rollbacks_before"]:]
+                                 if set(r["request"].get("failed") or []) & regions), None)
                 if rollback is not None:
-                    kill["rollback_done_s"] = round(time.monotonic() - kill["at"], 2)
-                    kill["generation"] = rollback["plan"]["generation"]
-            if rollback is not None:
-                plan = rollback["plan"]
-                watched = self._watched(plan)
-                if self._back(watched, plan["generation"]) >= watched:
-                    kill["recovery_s"] = round(time.monotonic() - kill["at"], 2)
-                    self.say(f"recovered in {kill['recovery_s']:.1f} s (the supervisor's "
-                             f"rollback after {kill['rollback_done_s']:.1f} s, generation "
-                             f"{plan['generation']})")
-                    return
-            self.pause(POLL_S)
-        kill["recovery_s"] = None
-        self.stuck += 1
-        self.say(f"[red]stuck: {sorted(dead)} not recovered within "
-                 f"{RECOVERY_TIMEOUT_S:.0f} s")
-
-    def _wait_any_commit(self, t_kill: float) -> None:
-        before = len(self.run.log.records(self.run.pipeline.name))
-        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if len(self.run.log.records(self.run.pipeline.name)) > before or self.all_done():
-                self.kills[-1]["recovery_s"] = round(time.monotonic() - t_kill, 2)
-                return
-            self.pause(POLL_S)
-        self.kills[-1]["recovery_s"] = None
-        self.stuck += 1
+                    kill.setdefault("rollback_done_s", round(now - kill["at"], 2))
+                    plan = rollback["plan"]
+                    kill["generation"] = generation = plan["generation"]
+                    regions |= self._watched(plan)
+                back = self._back(regions, generation, new, runs, kill["wall"]) >= regions
+            if back:
+                kill["recovery_s"] = round(now - kill["at"], 2)
+                self.pending.remove(kill)
+                what = (f" (the supervisor's rollback after {kill['rollback_done_s']:.1f} s, "
+                        f"generation {kill['generation']})" if "generation" in kill
+                        else " (no rollback)")
+                self.say(f"{kill.get('job', kill['target'])} killed at "
+                         f"{kill['at'] - self.kills[0]['at']:.0f} s: recovered in "
+                         f"{kill['recovery_s']:.1f} s{what}")
+            elif now - kill["at"] > RECOVERY_TIMEOUT_S:
+                kill["recovery_s"] = None
+                self.pending.remove(kill)
+                self.stuck += 1
+                self.say(f"[red]stuck: {kill.get('job', kill['target'])} not recovered "
+                         f"within {RECOVERY_TIMEOUT_S:.0f} s")
+        if not self.pending and self.every_s is None:
+            self.next_at = time.monotonic() + self._gap()
 
 
 def _kill(pid: int) -> None:
@@ -246,11 +296,12 @@ def _kill_group(pgid: int) -> None:
 
 def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
                      console, golden: dict[str, Any], standby: int = 0,
-                     targets: tuple[str, ...] = TARGETS, strikes: int | None = None
-                     ) -> dict[str, Any]:
+                     targets: tuple[str, ...] = TARGETS, strikes: int | None = None,
+                     every_s: float | None = None) -> dict[str, Any]:
     """Run the campaign under Airflow; its figures (the keys of the campaign without
     Airflow, plus each kill's ``rollback_done_s``: the supervisor's part). ``targets`` and
-    ``strikes`` (at most that many) narrow it for CI's short variant."""
+    ``strikes`` (at most that many) narrow it for CI's short variant; ``every_s``: strikes
+    on a clock, not waiting for recovery (see :class:`AirflowCampaign`)."""
     from falkirk_dev.chaos import outcome
     from falkirk_dev.demo.airflow import AirflowDemo
     from falkirk_dev.harness import compare
@@ -270,15 +321,20 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         demo.start_sandbox()
         demo.start_airflow()
         demo.unpause()
-        c = AirflowCampaign(demo, random.Random(seed), say, targets)
+        c = AirflowCampaign(demo, random.Random(seed), say, targets, every_s)
         demo.wait("waiting for the stream jobs to start…",
                   lambda p: len(c.stream_jobs_alive()) == 3, interval=1)
         t_start = time.monotonic()
         end = t_start + minutes * 60
-        while (time.monotonic() < end and not c.all_done()
+        looked, done = 0.0, False
+        while (time.monotonic() < end and not done
                and (strikes is None or len(c.kills) < strikes)):
-            c.strike()
-        say("no more faults: running to the end of the input")
+            c.step()
+            if time.monotonic() - looked > 5.0:  # the epoch log read every 5 s, not per step
+                looked, done = time.monotonic(), c.all_done()
+        say(f"no more faults ({len(c.kills)} kills); waiting for the {len(c.pending)} "
+            f"not recovered yet, then running to the end of the input")
+        c.drain()
         demo.until_done()
         minutes_run = (time.monotonic() - t_start) / 60
         demo.end_supervision()
@@ -297,6 +353,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
                                 if jobs else None),
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
         "standby_drivers": standby, "engines": "local", "airflow": True,
+        "strike_every_s": every_s,
         "sent": sent, "events": c.kills,
     }
 

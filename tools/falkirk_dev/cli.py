@@ -129,6 +129,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--airflow", action="store_true",
                    help="a local Airflow's streams supervisor recovers (bin/airflow, "
                         "LocalExecutor); its scheduler among the targets")
+    p.add_argument("--golden", metavar="FILE",
+                   help="the failure-free run's outputs: read from FILE when it holds this "
+                        "input's, else made and written there (a long campaign's is long)")
+    p.add_argument("--every", type=float, metavar="S",
+                   help="with --airflow: a strike every S seconds on average, whether or "
+                        "not the last one has recovered (default: each strike waits for "
+                        "its recovery)")
     p.add_argument("--standby", type=int, default=0, metavar="N",
                    help="keep N warm standby drivers to take the restarted jobs (default 0)")
     p.set_defaults(func=cmd_chaos)
