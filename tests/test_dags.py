@@ -375,6 +375,39 @@ def test_a_reused_pid_is_not_the_job(tmp_path, monkeypatch):
     assert procs.running(pipeline) == []
 
 
+def test_a_pid_file_being_written_is_never_read_half_written(tmp_path, monkeypatch):
+    """Forced interleaving: the watch looks at the pid files every second, while a
+    restart rewrites one. The write is stopped half-way (half its text on disk) and the
+    watch's look runs right then: it must see the old file whole (the campaign under
+    Airflow died of a JSONDecodeError here), then the new one."""
+    import json
+    import os
+    import pathlib
+
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    pipeline = load_pipeline("reference")
+    me = os.getpid()
+    procs.record_job_process(pipeline, "jobs/ingest.py", me, procs.process_started(me), ["x"])
+    seen: list[list[dict]] = []
+    write_text = pathlib.Path.write_text
+
+    def torn(path, text, *args, **kwargs):  # half on disk, the look, then the rest
+        write_text(path, text[: len(text) // 2], *args, **kwargs)
+        seen.append(procs.running(pipeline))
+        return write_text(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", torn)
+    procs.record_job_process(pipeline, "jobs/ingest.py", me, procs.process_started(me),
+                             ["y"])
+    monkeypatch.setattr(pathlib.Path, "write_text", write_text)
+    assert [[info["command"] for info in look] for look in seen] == [[["x"]]]
+    assert [info["command"] for info in procs.running(pipeline)] == [["y"]]
+    assert json.loads((tmp_path / "run" / "reference" / "ingest.json").read_text())
+
+
 def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     """start_streams starts only jobs that neither run nor finished (unless a rollback names
     them); watch keeps waiting when every job finished (its standby drivers stopped), and

@@ -93,15 +93,23 @@ def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
     return proc
 
 
+def write_whole(path: Path, value: dict) -> None:
+    """Write whole or not at all: a reader (the watch looks every second) never sees half
+    a file. The new content goes to a side file, then replaces the old one at once."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
 def record_job_process(pipeline: Pipeline, job: str, pid: int, started: float | None,
                        cmd: list[str], cfg: Config | None = None) -> None:
     """Name the process (group) that runs ``job`` now, for ``running`` and the stops."""
     run_dir = _dirs(cfg)[0] / pipeline.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / f"{Path(job).stem}.json").write_text(json.dumps({
+    write_whole(run_dir / f"{Path(job).stem}.json", {
         "pid": pid, "pgid": pid, "job": job, "regions": jobs_of(pipeline).get(job, []),
         "started": time.time(), "process_started": started, "command": cmd,
-    }))
+    })
 
 
 def running(pipeline: Pipeline, cfg: Config | None = None) -> list[dict]:

@@ -46,13 +46,6 @@ def folder(pipeline: Pipeline, cfg: Config | None = None) -> Path:
     return Path((cfg or load()).var_dir) / "run" / pipeline.name / "standby"
 
 
-def _write(path: Path, value: dict[str, Any]) -> None:
-    """Write whole or not at all: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
-
-
 def _can_renice() -> bool:
     """Only a process allowed to raise its priority again may start a standby niced: the
     job it takes must not stay behind the others."""
@@ -78,9 +71,9 @@ def spawn(pipeline: Pipeline, cfg: Config | None = None,
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=environ,
                                 start_new_session=True,
                                 preexec_fn=(lambda: os.nice(NICE)) if nice else None)
-    _write(where / f"{proc.pid}.json", {"pid": proc.pid,
-                                         "process_started": procs.process_started(proc.pid),
-                                         "spawned": time.time(), "niced": nice})
+    procs.write_whole(where / f"{proc.pid}.json", {
+        "pid": proc.pid, "process_started": procs.process_started(proc.pid),
+        "spawned": time.time(), "niced": nice})
     _spawned[proc.pid] = proc
     return proc
 
@@ -166,7 +159,7 @@ def hand_over(pipeline: Pipeline, job: str, args: list[str], cfg: Config | None 
             os.close(os.open(where / f"{pid}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             continue
-        _write(where / f"{pid}.job", {
+        procs.write_whole(where / f"{pid}.job", {
             "job": str(pipeline.job_path(job)), "args": args, "env": env or {},
             "log": str(procs.log_file(pipeline, job, cfg)), "claimed": time.time()})
         procs.record_job_process(pipeline, job, pid, info.get("process_started"),
@@ -272,8 +265,8 @@ def serve(argv: list[str] | None = None) -> None:
         spent.update(warm_up(spark, pipeline, cfg))
     except Exception:  # a standby that did not warm up is still a started driver
         log.exception("standby %d: warm-up failed", me)
-    _write(where / f"{me}.ready", {"ready_at": time.time(),
-                                   **{k: round(v, 2) for k, v in spent.items()}})
+    procs.write_whole(where / f"{me}.ready", {
+        "ready_at": time.time(), **{k: round(v, 2) for k, v in spent.items()}})
     log.info("standby %d ready for pipeline %s: %s", me, pipeline.name, spent)
     job_file = where / f"{me}.job"
     while not job_file.exists():
