@@ -533,8 +533,9 @@ class AirflowDemo:
         self.log(f"{KILLED_REGION} committed an epoch in generation {generation} "
                  f"{self.timings['kill → committed again']:.0f} s after the kill", event=True)
 
-    def until_done(self) -> None:
-        """Every epoch done: batch runs, stream jobs finished, communities' last epoch."""
+    def until_done(self, timeout_s: float | None = None) -> None:
+        """Every epoch done: batch runs, stream jobs finished, communities' last epoch.
+        ``timeout_s``: a long campaign leaves many epochs to run after its last fault."""
         last = self.epochs - 1
 
         def done(p):
@@ -545,7 +546,7 @@ class AirflowDemo:
                     and all(e >= last for e in committed.values()))
 
         self.wait(f"waiting for every region to finish epoch {last} (the batch DAG, the "
-                  f"stream jobs)…", done)
+                  f"stream jobs)…", done, timeout_s=timeout_s)
         self.log(f"every region finished epoch {last}; ingest and serve ended at the end of "
                  f"their input", event=True)
 
