@@ -353,3 +353,22 @@ def test_rolling_forward_is_refused(spark, tmp_path):
     write_epochs(spark, writer, range(2))
     with pytest.raises(RestoreError, match="back to 7"):
         rollback_table(uri, 7)
+
+
+def test_an_epoch_committed_before_a_kill_is_written_once_by_a_newer_generation(spark,
+                                                                              tmp_path):
+    """A writer killed between its commit of epoch 2 and the epoch log's row, retried in a
+    newer generation (a rollback of other regions came between, as for a batch epoch's
+    Airflow retry): the epoch is in the table once, not beside the orphan commit."""
+    uri = str(tmp_path / "out")
+    proc, lines = run_worker(uri, 1, 0, 4, crash_at="writer:after-commit@3")
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert [line["epoch"] for line in lines] == [0, 1]  # epoch 2 committed, not reported
+    proc, lines = run_worker(uri, 2, 2, 4)  # the log says 0 and 1: generation 2 goes on at 2
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert table_ids(spark, uri) == expected_ids(range(5))  # epoch 2 once, nothing lost
+    history = {c["version"]: c for c in DeltaTable(uri).history()}
+    assert history[4]["operation"] == "RESTORE"  # the orphan (version 3) was cut off first
+    # a writer of an older generation never cuts off a newer one's commits
+    assert EpochWriter(spark, uri, "agg", 1, SCHEMA).discard_orphans(0) is None
+    assert table_ids(spark, uri) == expected_ids(range(5))
