@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 _CREATE_ATTEMPTS = 5
+COMMIT_TAG = "falkirk"  # the userMetadata key of an epoch's commit: region, generation, epoch
 logger = logging.getLogger(__name__)
 
 
@@ -147,8 +148,7 @@ class EpochWriter:
         """Append and commit one epoch; None when this generation already committed it."""
         if self.is_committed(epoch):
             return None
-        self.discard_orphans(epoch)
-        before = self.log.table().version()
+        before = self.discard_orphans(epoch, self.log.table().version())
         maybe_crash("writer:before-commit")
         try:
             (
@@ -156,7 +156,7 @@ class EpochWriter:
                 .option("txnAppId", self.app_id)
                 .option("txnVersion", epoch)
                 .option("userMetadata", json.dumps(
-                    {"falkirk": {"region": self.region, "generation": self.generation,
+                    {COMMIT_TAG: {"region": self.region, "generation": self.generation,
                                  "epoch": epoch}}, separators=(",", ":")))
                 .save(spark_uri(self.table_uri))
             )
@@ -179,9 +179,9 @@ class EpochWriter:
         return CommitResult(version=version, epoch=epoch, generation=self.generation,
                             app_id=self.app_id)
 
-    def discard_orphans(self, epoch: int) -> int | None:
+    def discard_orphans(self, epoch: int, newest: int) -> int:
         """Cut off the commits of this region's ``epoch`` or later that an older generation
-        left at the table's tail; return the version restored to, or None.
+        left at the tail of the table (at version ``newest``); return its version after.
 
         A writer killed between its commit and its epoch log row leaves such a commit (the
         log does not know it, so no rollback restores it away). Its own generation finds it
@@ -189,24 +189,21 @@ class EpochWriter:
         retried after a rollback of other regions) would append the epoch beside it (the
         60-minute campaign under Airflow, docs/faults.md). Each table has one writing
         region, and a rollback's RESTORE carries no region tag, so the walk stops there."""
-        newest = self.log.table().version()
         oldest = None
         for version in range(newest, 0, -1):
-            tag = json.loads(self.log.commit_info(version).get("userMetadata") or "{}")
-            mine = tag.get("falkirk") if isinstance(tag, dict) else None
-            if not (isinstance(mine, dict) and mine.get("region") == self.region
-                    and int(mine.get("generation", self.generation)) < self.generation
-                    and int(mine.get("epoch", -1)) >= epoch):
+            tag = self.log.commit_tag(version, COMMIT_TAG)
+            if not (isinstance(tag, dict) and tag.get("region") == self.region
+                    and int(tag.get("generation", self.generation)) < self.generation
+                    and int(tag.get("epoch", -1)) >= epoch):
                 break
             oldest = version
         if oldest is None:
-            return None
-        restored = rollback_table(self.table_uri, oldest - 1, self.log.storage_options)
-        logger.warning("%sepoch %d: versions %d-%d of %s are its commits of epoch %d or later "
-                    "in an older generation that the epoch log does not know (a writer "
-                    "killed before its log row); restored to version %d before writing",
-                    self.where, epoch, oldest, newest, self.table_uri, epoch, oldest - 1)
-        return restored
+            return newest
+        logger.warning("%sepoch %d: versions %d-%d of %s are its commits of epoch %d or "
+                       "later in an older generation that the epoch log does not know (a "
+                       "writer killed before its log row); restoring version %d first",
+                       self.where, epoch, oldest, newest, self.table_uri, epoch, oldest - 1)
+        return rollback_table(self.table_uri, oldest - 1, self.log.storage_options)
 
     def version_of(self, epoch: int) -> int | None:
         """The version that committed ``epoch`` in this generation (for a writer restarted

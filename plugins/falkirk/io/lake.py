@@ -160,6 +160,11 @@ class DeltaLogReader:
     def commit_info(self, version: int) -> dict[str, Any]:
         return next((a["commitInfo"] for a in self.commit(version) if "commitInfo" in a), {})
 
+    def commit_tag(self, version: int, key: str) -> Any:
+        """What the commit of ``version`` carries under ``key`` in its ``userMetadata``
+        (falkirk's writers tag their commits there), or None."""
+        return user_metadata(self.commit_info(version).get("userMetadata"), key)
+
     def find_txn(self, app_id: str, epoch: int, newest: int, oldest: int = 0) -> int | None:
         """The version whose commit carries the transaction ``(app_id, epoch)``, searching
         from ``newest`` down to ``oldest``."""
@@ -216,3 +221,14 @@ class AppendOrder:
                 parts.append((self._versions.get(fragment.path, -1), fragment.path, rows))
         parts.sort(key=lambda p: (p[0], p[1]))
         return [row for _, _, rows in parts for row in rows]
+
+
+def user_metadata(text: Any, key: str) -> Any:
+    """The value under ``key`` of a delta-spark commit's ``userMetadata`` (a JSON string),
+    or None when it has none (or another writer's text)."""
+    if not isinstance(text, str) or key not in text:
+        return None
+    try:
+        return json.loads(text).get(key)
+    except (ValueError, AttributeError):
+        return None

@@ -55,7 +55,7 @@ from deltalake.transaction import CommitProperties, Transaction
 
 from falkirk.errors import FalkirkError
 from falkirk.faults import maybe_crash
-from falkirk.io.lake import TableSchemaError, ensure_table, read_table
+from falkirk.io.lake import TableSchemaError, ensure_table, read_table, user_metadata
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -206,7 +206,8 @@ class CheckpointStore:
         for limit in _HISTORY_STEPS:
             history = table.history(limit=limit)
             for info in history:  # newest first
-                body = info.get(MANIFEST_KEY) or _from_user_metadata(info.get("userMetadata"))
+                body = (info.get(MANIFEST_KEY)
+                        or user_metadata(info.get("userMetadata"), MANIFEST_KEY))
                 if body is not None:
                     return _parse_manifest(body, int(info["version"]), self.uri)
             if limit is None or len(history) < limit:
@@ -726,16 +727,6 @@ def _file_sizes(table: DeltaTable) -> dict[str, int]:
     if actions.num_rows == 0:
         return {}
     return dict(zip(actions["path"].to_pylist(), actions["size_bytes"].to_pylist(), strict=True))
-
-
-def _from_user_metadata(text: Any) -> Any:
-    """The manifest a delta-spark commit carries in its ``userMetadata`` (a JSON string)."""
-    if not isinstance(text, str) or MANIFEST_KEY not in text:
-        return None
-    try:
-        return json.loads(text).get(MANIFEST_KEY)
-    except (ValueError, AttributeError):
-        return None
 
 
 def _parse_manifest(body: Any, version: int, uri: str) -> _Manifest:
