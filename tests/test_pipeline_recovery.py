@@ -171,3 +171,24 @@ def test_output_topics_are_made_with_their_declared_partitions(reference_run):
     finally:
         admin.close()
     assert made == declared
+
+
+def test_each_epochs_log_line_says_where_its_spark_jobs_went(reference_run):
+    """A job's log says, per epoch, the seconds and Spark jobs of each phase (reads,
+    transforms, commits, checkpoints, sends): a slow epoch under load is explained from
+    the log alone. The phases' Spark jobs add up to the epoch's."""
+    import re
+
+    line = re.compile(r"epoch (\d+) done by (\S+) in [\d.]+ s \((\d+) Spark jobs; (.*)\)$")
+    seen = {}
+    for job in reference_run.jobs:
+        for text in reference_run.log_file(job).read_text().splitlines():
+            m = line.search(text)
+            if not m:
+                continue
+            phases = dict(re.findall(r"([\w +:]+?) [\d.]+ s/(\d+)(?:, |$)", m.group(4)))
+            assert sum(int(n) for n in phases.values()) == int(m.group(3)), text
+            seen.setdefault(m.group(2), set()).update(phases)
+    assert set(seen) == {"ingest", "popularity", "communities", "serve+stats"}, seen
+    assert {"process", "write stats", "send serve", "checkpoint stats"} <= seen["serve+stats"]
+    assert {"process", "write communities"} <= seen["communities"]

@@ -510,7 +510,8 @@ class JobRunner:
         active = {r for r in self.regions if self.done[r] < e}
         self._group = name_spark_jobs(self.spark, self.pipeline.name, active, e,
                                       self.generation)
-        self._jobs_seen = jobs_in_group(self.spark, self._group)
+        self._jobs_seen = jobs_before_epoch = jobs_in_group(self.spark, self._group)
+        profile_before, jobs_before = dict(self.profile), dict(self.spark_jobs)
         # A region that restarted from a checkpoint older than epochs it already committed
         # (and no rollback invalidated) redoes them for its state only: their outputs are
         # live, and committing them again (in a new generation) would duplicate them.
@@ -628,9 +629,12 @@ class JobRunner:
                          for p in Offsets(v["to"]).as_dict())
                   for k, v in ranges.items() if "to" in v}
         self.timings.append((e, seconds, time.time(), counts))
-        self.epoch_jobs.append(jobs_in_group(self.spark, self._group))
-        log.info("epoch %d done by %s in %.1f s (%d Spark jobs)", e, "+".join(sorted(active)),
-                 seconds, self.epoch_jobs[-1])
+        # as of the last phase (Spark's status store is fed asynchronously: a later look
+        # could count a job no phase did)
+        self.epoch_jobs.append(self._jobs_seen - jobs_before_epoch)
+        log.info("epoch %d done by %s in %.1f s (%d Spark jobs; %s)", e,
+                 "+".join(sorted(active)), seconds, self.epoch_jobs[-1],
+                 epoch_profile(self.profile, profile_before, self.spark_jobs, jobs_before))
 
     def _check_fence(self, e: int) -> None:
         """Refuse to record epoch ``e`` once a rollback fenced one of our regions: it is
@@ -776,6 +780,20 @@ class CompositeJob(JobLogic):
         self.memory.clear()
         for part in self.parts:
             part.release()
+
+
+def epoch_profile(seconds: dict[str, float], seconds_before: dict[str, float],
+                  jobs: dict[str, int], jobs_before: dict[str, int]) -> str:
+    """One epoch's share of the runner's profile, "phase s/jobs" by phase: a slow epoch in
+    a job's log says where its time and Spark jobs went (reads, transforms, commits,
+    checkpoints), without a benchmark."""
+    parts = []
+    for phase in seconds:
+        spent = seconds[phase] - seconds_before.get(phase, 0.0)
+        ran = jobs.get(phase, 0) - jobs_before.get(phase, 0)
+        if spent >= 0.05 or ran:
+            parts.append(f"{phase} {spent:.1f} s/{ran}")
+    return ", ".join(parts) or "no phase"
 
 
 def name_spark_jobs(spark: Any, pipeline: str, regions: set[str] | list[str], epoch: int,
