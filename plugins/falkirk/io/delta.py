@@ -146,9 +146,9 @@ class EpochWriter:
 
     def write_epoch(self, df: DataFrame, epoch: int) -> CommitResult | None:
         """Append and commit one epoch; None when this generation already committed it."""
-        if self.is_committed(epoch):
+        if self.is_committed(epoch):  # refreshed the table: its version is read as is
             return None
-        before = self.discard_orphans(epoch, self.log.table().version())
+        before = self.discard_orphans(epoch, self.log.table(refresh=False).version())
         maybe_crash("writer:before-commit")
         try:
             (

@@ -139,13 +139,14 @@ class DeltaLogReader:
             self._fs = table_filesystem(self.table_uri, self.storage_options)
         return self._fs
 
-    def table(self) -> Any:
-        """The table at its latest version (a delta-rs ``DeltaTable``, reading only)."""
+    def table(self, refresh: bool = True) -> Any:
+        """The table at its latest version (a delta-rs ``DeltaTable``, reading only);
+        ``refresh=False``: as last read, when the caller has just refreshed it."""
         from deltalake import DeltaTable
 
         if self._table is None:
             self._table = DeltaTable(self.table_uri, storage_options=self.storage_options)
-        else:
+        elif refresh:
             self._table.update_incremental()
         return self._table
 
