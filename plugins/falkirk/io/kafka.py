@@ -225,12 +225,21 @@ def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
         consumer.close()
 
 
+#: Options of every batch read of an offset range. ``failOnDataLoss``: a range the epoch log
+#: recorded must still be there. ``kafka.fetch.max.wait.ms``: with the consumer's default
+#: (500 ms) an epoch's read of a few hundred records took ~1 s more (``falkirk bench
+#: kafka``, docs/jobs.md "What an epoch cost"); a range's records are all there before it
+#: is read, so a short wait costs nothing but quicker empty fetches.
+READ_OPTIONS = {"failOnDataLoss": "true", "kafka.fetch.max.wait.ms": "10"}
+
+
 def read_range(spark: SparkSession, bootstrap: str, topic: str, start: Offsets, end: Offsets,
-               value_ddl: str | None) -> DataFrame:
+               value_ddl: str | None, options: dict[str, str] | None = None) -> DataFrame:
     """Exactly the records ``[start, end)`` of ``topic`` (per partition), parsed.
 
     Partitions where the range is empty are not assigned at all; an empty range reads no
-    broker and yields an empty DataFrame of the same columns.
+    broker and yields an empty DataFrame of the same columns. ``options``: the reader's
+    options instead of :data:`READ_OPTIONS` (the Kafka benchmark compares the two).
     """
     parts = sorted((p for p in end.as_dict() if end.get(p) > start.get(p)), key=int)
     for p in end.as_dict():
@@ -238,7 +247,7 @@ def read_range(spark: SparkSession, bootstrap: str, topic: str, start: Offsets, 
             raise KafkaIOError(f"topic {topic!r} partition {p}: range ends at {end.get(p)} "
                                f"before it starts ({start.get(p)})")
     reader = (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-              .option("failOnDataLoss", "true"))
+              .options(**(READ_OPTIONS if options is None else options)))
     if not parts:
         return parse_values(_empty_source(spark), value_ddl)
     raw = (reader.option("assign", json.dumps({topic: [int(p) for p in parts]}))

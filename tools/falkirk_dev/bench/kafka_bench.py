@@ -8,6 +8,11 @@ edges in a stream (``readStream.format("kafka")``, availableNow, ``maxOffsetsPer
 pays JVM warm-up, so the figure compared with the goal is the sustained rate of the later
 batches. Goal: sustained Spark rate ≥ 0.7 × raw consumer.
 
+It then reads an epoch-sized range at the topic's end (:data:`EPOCH_RECORDS` over the 3
+partitions) with ``falkirk.io.kafka.read_range``, as a running job reads its latest epoch,
+alternately with the connector's default consumer options and with ``READ_OPTIONS``: the
+seconds per read of each in one run, and their ratio (every epoch pays its reads).
+
     python -m falkirk_dev.bench.kafka_bench [records [minPartitions]]
 """
 
@@ -25,6 +30,8 @@ TOPIC = "bench"
 PARTITIONS = 3
 BATCH = 100_000
 GOAL_RATIO = 0.7
+EPOCH_RECORDS = 600
+EPOCH_ROUNDS = 5
 SCHEMA = "event_id string, user_id long, kind string, amount double, ts long"
 
 
@@ -84,40 +91,35 @@ def raw_consume(bootstrap: str) -> tuple[int, float]:
     return count, count / elapsed
 
 
-def spark_consume(bootstrap: str, min_partitions: int = 0) -> dict:
+def spark_consume(spark, bootstrap: str, min_partitions: int = 0) -> dict:
     """The connector end to end into a noop sink; per-batch figures from query progress."""
     from falkirk.io.kafka import parse_values
-    from falkirk.io.spark import session
 
-    spark = session("falkirk-kafka-bench")
-    try:
-        t0 = time.perf_counter()
-        raw = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("subscribe", TOPIC)
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", str(BATCH))
-            .option("minPartitions", str(min_partitions or PARTITIONS))
-            .load()
-        )
-        query = (
-            parse_values(raw, SCHEMA)
-            .writeStream.format("noop")
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        wall = time.perf_counter() - t0
-        if query.exception() is not None:
-            raise RuntimeError(f"the benchmark query failed: {query.exception()}")
-        batches = [
-            (p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000)
-            for p in sorted(query.recentProgress, key=lambda p: p["batchId"])
-            if p["numInputRows"] > 0
-        ]
-    finally:
-        spark.stop()
+    t0 = time.perf_counter()
+    raw = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", TOPIC)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(BATCH))
+        .option("minPartitions", str(min_partitions or PARTITIONS))
+        .load()
+    )
+    query = (
+        parse_values(raw, SCHEMA)
+        .writeStream.format("noop")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    wall = time.perf_counter() - t0
+    if query.exception() is not None:
+        raise RuntimeError(f"the benchmark query failed: {query.exception()}")
+    batches = [
+        (p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000)
+        for p in sorted(query.recentProgress, key=lambda p: p["batchId"])
+        if p["numInputRows"] > 0
+    ]
     later = batches[1:]
     rows_later = sum(n for n, _ in later)
     secs_later = sum(s for _, s in later)
@@ -130,7 +132,38 @@ def spark_consume(bootstrap: str, min_partitions: int = 0) -> dict:
     }
 
 
+def epoch_reads(spark, bootstrap: str) -> dict:
+    """Seconds per read of an epoch-sized range at the topic's end (where a running job
+    reads its latest epoch), the records materialized as a job's first use of its input
+    does, with the connector's default consumer options and with falkirk's
+    ``READ_OPTIONS``, alternating so both see the same machine."""
+    import statistics
+
+    from falkirk.io.kafka import READ_OPTIONS, end_offsets, read_range
+    from falkirk.model.times import Offsets
+
+    defaults = {k: v for k, v in READ_OPTIONS.items() if not k.startswith("kafka.")}
+    ends = end_offsets(bootstrap, TOPIC)
+    per = EPOCH_RECORDS // len(ends)
+    start, end = Offsets({p: o - per for p, o in ends.items()}), Offsets(ends)
+    seconds: dict[str, list[float]] = {"default": [], "falkirk": []}
+    for _ in range(EPOCH_ROUNDS):
+        for name, options in (("default", defaults), ("falkirk", READ_OPTIONS)):
+            t0 = time.perf_counter()
+            n = read_range(spark, bootstrap, TOPIC, start, end, SCHEMA,
+                           options).localCheckpoint().count()
+            seconds[name].append(time.perf_counter() - t0)
+            if n != per * len(ends):
+                raise RuntimeError(f"an epoch read gave {n} records, not {per * len(ends)}")
+    median = {k: statistics.median(v[1:]) for k, v in seconds.items()}  # the 1st warms up
+    return {"epoch_read_records": per * len(ends), "epoch_read_s": seconds,
+            "epoch_read_s_median": median,
+            "epoch_read_ratio": median["falkirk"] / median["default"]}
+
+
 def main(records: int = 300_000, min_partitions: int = 0) -> dict:
+    from falkirk.io.spark import session
+
     with (
         tempfile.TemporaryDirectory(prefix="falkirk-kafka-bench-") as tmp,
         LocalBroker(Path(tmp) / "broker") as broker,
@@ -144,7 +177,12 @@ def main(records: int = 300_000, min_partitions: int = 0) -> dict:
         if raw_count != records:
             raise RuntimeError(f"the raw consumer read {raw_count} records, not {records}")
         print(f"raw kafka-python consumer + json.loads (1 process): {raw_rate:,.0f} records/s")
-        result = spark_consume(broker.bootstrap, min_partitions)
+        spark = session("falkirk-kafka-bench")
+        try:
+            result = spark_consume(spark, broker.bootstrap, min_partitions)
+            reads = epoch_reads(spark, broker.bootstrap)
+        finally:
+            spark.stop()
     if result["records"] != records:
         raise RuntimeError(f"the connector read {result['records']} records, not {records}")
     for i, (n, secs) in enumerate(result["batches"]):
@@ -155,11 +193,17 @@ def main(records: int = 300_000, min_partitions: int = 0) -> dict:
     print(f"spark connector, sustained after the first batch: {result['sustained_rate']:,.0f} "
           f"records/s = {ratio:.2f} × raw (goal ≥ {GOAL_RATIO}): "
           f"{'met' if ratio >= GOAL_RATIO else 'NOT met'}")  # fmt: skip
+    median = reads["epoch_read_s_median"]
+    print(f"an epoch's read of {reads['epoch_read_records']} records (median of "
+          f"{EPOCH_ROUNDS - 1}): {median['default']:.3f} s with the consumer's defaults, "
+          f"{median['falkirk']:.3f} s with falkirk's READ_OPTIONS "
+          f"({reads['epoch_read_ratio']:.2f}×)")
     return {
         "records": records,
         "produce_rate": produce_rate,
         "raw_rate": raw_rate,
         **result,
+        **reads,
         "ratio": ratio,
         "goal_met": ratio >= GOAL_RATIO,
     }

@@ -28,10 +28,10 @@ def read_topic(spark: SparkSession, bootstrap: str, topic: str, value_ddl: str,
                origin_ms: int, epoch_ms: int, last_epoch: int, epoch_of) -> DataFrame:
     """Every record of ``topic`` parsed, with ``_pe``: the epoch the pipeline processes it
     in (records past ``last_epoch`` are left out, as a bounded run leaves them)."""
-    from falkirk.io.kafka import parse_values
+    from falkirk.io.kafka import READ_OPTIONS, parse_values
 
     raw = (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-           .option("subscribe", topic).option("startingOffsets", "earliest")
+           .options(**READ_OPTIONS).option("subscribe", topic).option("startingOffsets", "earliest")
            .option("endingOffsets", "latest").load())
     upto = Window.partitionBy("partition").orderBy("offset").rowsBetween(
         Window.unboundedPreceding, Window.currentRow)
