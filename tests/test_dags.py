@@ -324,6 +324,23 @@ def _job_ended(pipeline, job: str, status: str, code: int | None) -> None:
     EpochLog.from_config().record_job_run(pipeline.name, job, ["x"], 0, status, exit_code=code)
 
 
+def _record_launches(monkeypatch) -> list[str]:
+    """Jobs are not started: each start is recorded in the returned list (pid 1)."""
+    from falkirk.runtime import procs
+
+    launched: list[str] = []
+
+    class Launched:  # what procs.start_job returns that start_streams reads
+        pid = 1
+
+    def launch(pipe, job, args, cfg=None):
+        launched.append(job)
+        return Launched()
+
+    monkeypatch.setattr(procs, "start_job", launch)
+    return launched
+
+
 def test_a_stream_that_finished_is_not_dead(tmp_path, monkeypatch):
     """Finished or dead is read from the job's own rows in the log of job runs: a job
     killed after it started wrote no end row; log lines prove nothing."""
@@ -422,16 +439,7 @@ def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
     monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
     pipeline = load_pipeline("reference")
-    launched: list[str] = []
-
-    class Launched:  # what procs.start_job returns that start_streams reads
-        pid = 1
-
-    def launch(pipe, job, args, cfg=None):
-        launched.append(job)
-        return Launched()
-
-    monkeypatch.setattr(procs, "start_job", launch)
+    launched = _record_launches(monkeypatch)
     for job in streams.stream_jobs(pipeline):
         _job_ended(pipeline, job, "finished", 0)
     assert streams.start_streams(pipeline) == {} and launched == []
@@ -454,14 +462,17 @@ def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     assert done.is_done and done.xcom_value == {"jobs/serve.py": ["serve", "stats"]}
 
 
-def test_the_watch_defers_to_a_trigger_that_fires_on_a_death(tmp_path, monkeypatch):
+def test_the_watch_defers_to_a_trigger_that_ends_it_on_a_death(tmp_path, monkeypatch):
     """The watch holds no worker slot while the jobs run: it defers to the triggerer, whose
     trigger looks every second (the reschedule poke every 30 s was the detection part of
-    every recovery) and fires with the dead job's regions once its process is gone."""
+    every recovery) and, once the job's process is gone, ends the watch itself: no worker
+    process resumes it and parses the DAG file first (``recover`` looks the dead jobs up)."""
     import asyncio
     import subprocess
 
     from airflow.sdk.exceptions import TaskDeferred
+    from airflow.triggers.base import TaskSuccessEvent
+    from airflow.utils.state import TaskInstanceState
 
     from falkirk.airflow import streams, supervisor
     from falkirk.model.topology import load_pipeline
@@ -482,7 +493,6 @@ def test_the_watch_defers_to_a_trigger_that_fires_on_a_death(tmp_path, monkeypat
         with pytest.raises(TaskDeferred) as deferred:
             sensor.execute({})
         trigger = deferred.value.trigger
-        assert deferred.value.method_name == "execute_complete"
         assert trigger.serialize() == ("falkirk.airflow.supervisor.StreamDeathTrigger",
                                        {"pipeline": "reference", "interval_s": 1.0})
 
@@ -494,15 +504,52 @@ def test_the_watch_defers_to_a_trigger_that_fires_on_a_death(tmp_path, monkeypat
             serve.kill()
             serve.wait()
             event = await asyncio.wait_for(first, timeout=30)
-            return fired_early, event.payload
+            return fired_early, event
 
-        fired_early, payload = asyncio.run(watch())
+        fired_early, event = asyncio.run(watch())
     finally:
         serve.kill()
         serve.wait()
     assert not fired_early
-    assert payload == {"dead": {"jobs/serve.py": ["serve", "stats"]}}
-    assert sensor.execute_complete({}, payload) == {"jobs/serve.py": ["serve", "stats"]}
+    assert isinstance(event, TaskSuccessEvent)
+    assert event.task_instance_state == TaskInstanceState.SUCCESS
+    assert streams.dead_jobs(pipeline) == {"jobs/serve.py": ["serve", "stats"]}  # recover's
+
+
+def test_recover_looks_up_the_dead_jobs_itself_not_in_the_watchs_xcom(sandbox, monkeypatch):
+    """The trigger ends the watch in the triggerer, and Airflow 3.3 stores a trigger's XCom
+    JSON-encoded twice: ``recover`` read a string where it expected job -> regions and
+    failed (the 8-minute campaign under Airflow; the next run's start step then recovered
+    the job, later). It looks the dead jobs up itself, whatever the watch's XCom holds."""
+    from falkirk.airflow import streams, supervisor
+    from falkirk.log.epochlog import EpochLog
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
+
+    pipeline = load_pipeline("reference")
+    log = EpochLog.from_config(sandbox)
+    for job in streams.stream_jobs(pipeline):
+        _job_ended(pipeline, job, "finished", 0)
+    _job_ended(pipeline, "jobs/ingest.py", "started", None)  # then SIGKILLed: no end row
+    started = _record_launches(monkeypatch)
+
+    class WatchEndedByItsTrigger:  # the task instance recover gets
+        run_id = "scheduled__2026-11-29T16:13:27+00:00"
+        pushed: dict = {}
+
+        def xcom_pull(self, task_ids=None, key="return_value"):
+            return '{"jobs/ingest.py": ["ingest"]}'  # as Airflow 3.3 hands it back
+
+        def xcom_push(self, key, value):
+            self.pushed[key] = value
+
+    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions, cfg=None: [])
+    monkeypatch.setattr(streams, "rerun_batch_epochs", lambda pipe, inv, cfg=None: {})
+    out = supervisor.recover("reference", WatchEndedByItsTrigger())
+    rollbacks = log.rollbacks("reference")
+    assert [r["status"] for r in rollbacks] == ["started", "done"]
+    assert rollbacks[-1]["request"]["failed"] == ["ingest"]
+    assert "jobs/ingest.py" in started and out["restarted"]
 
 
 def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):

@@ -666,19 +666,21 @@ class AirflowDemo:
                 "events": self.events, "runs": runs, "notes": self.notes}
 
     def shutdown(self, failed: bool) -> None:
-        """Stop the jobs and the broker; Airflow too unless it is kept for the user."""
+        """Stop the jobs and the broker; Airflow too unless it is kept for the user, and
+        then first: pausing a DAG does not stop its running task, whose start step could
+        start a job after the jobs were stopped (a failed campaign left one running)."""
         from falkirk.runtime import procs
         if self.api is not None:
             for dag_id in (SUPERVISOR, BATCH) if failed else (SUPERVISOR,):
                 with contextlib.suppress(Exception):
                     self.api.pause(dag_id, True)
+        if self.airflow_started and not self.keep_airflow:
+            with self.console.status("stopping Airflow…"):
+                self.bin_airflow("stop", timeout=180)
         if self.run is not None:
             for info in procs.running(self.run.pipeline, self.run.cfg):
                 procs.stop_group(info["pgid"], timeout_s=10)
             self.run.stop_all()  # its standby drivers, if it kept any
-        if self.airflow_started and not self.keep_airflow:
-            with self.console.status("stopping Airflow…"):
-                self.bin_airflow("stop", timeout=180)
         if self.broker is not None:
             self.broker.stop()
 
