@@ -145,6 +145,7 @@ def epoch_reads(spark, bootstrap: str) -> dict:
     defaults = {k: v for k, v in READ_OPTIONS.items() if not k.startswith("kafka.")}
     ends = end_offsets(bootstrap, TOPIC)
     per = EPOCH_RECORDS // len(ends)
+    total = per * len(ends)
     start, end = Offsets({p: o - per for p, o in ends.items()}), Offsets(ends)
     seconds: dict[str, list[float]] = {"default": [], "falkirk": []}
     for _ in range(EPOCH_ROUNDS):
@@ -153,10 +154,10 @@ def epoch_reads(spark, bootstrap: str) -> dict:
             n = read_range(spark, bootstrap, TOPIC, start, end, SCHEMA,
                            options).localCheckpoint().count()
             seconds[name].append(time.perf_counter() - t0)
-            if n != per * len(ends):
-                raise RuntimeError(f"an epoch read gave {n} records, not {per * len(ends)}")
+            if n != total:
+                raise RuntimeError(f"an epoch read gave {n} records, not {total}")
     median = {k: statistics.median(v[1:]) for k, v in seconds.items()}  # the 1st warms up
-    return {"epoch_read_records": per * len(ends), "epoch_read_s": seconds,
+    return {"epoch_read_records": total, "epoch_read_s": seconds,
             "epoch_read_s_median": median,
             "epoch_read_ratio": median["falkirk"] / median["default"]}
 
