@@ -1,4 +1,4 @@
-"""The long and the latency benchmarks: their figures from known timings, and a short run
+"""The long, the latency and the log benchmarks: their figures from known timings, and a short run
 of each on the real parts (CI runs these short variants; the full runs are in the README)."""
 
 from __future__ import annotations
@@ -84,3 +84,15 @@ def test_a_short_latency_run_answers_every_query_produced_in_real_time(tmp_path)
     # an answer comes after its query, and within the run
     assert 0 < out["latency_p50_s"] <= out["latency_p99_s"] < 6 * 60
     assert out["job_exit_codes"] and set(out["job_exit_codes"].values()) == {0}
+
+
+def test_a_short_log_run_reports_both_reads_and_they_agree(tmp_path):
+    """``falkirk bench log``'s short variant: a kept reader and a new one read the same rows
+    (the benchmark asserts it) and both costs are reported."""
+    from falkirk_dev.bench.log_bench import main
+
+    out = tmp_path / "log.json"
+    main(Namespace(events=12, json=str(out)))
+    figures = json.loads(out.read_text())
+    assert figures["appends"] == 12 and figures["rounds"] >= 1
+    assert figures["new_reader_cpu_s"] > 0 and figures["kept_reader_cpu_s"] >= 0

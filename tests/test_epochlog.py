@@ -169,3 +169,41 @@ def test_a_clock_stepped_back_cannot_reorder_the_log(tmp_path):
     log.record_rollback("small", "r2", 1, "started", {}, {})
     log.record_rollback("small", "r1", 1, "done", {}, {})
     assert [r["rollback_id"] for r in log.rollbacks("small")] == ["r2", "r1"]
+
+
+def test_a_read_opens_only_the_files_added_since_the_last_one(tmp_path, monkeypatch):
+    """Delta data files never change, so a reader keeps the rows of each file it read: a
+    later read opens only the files appended since (the log is read every epoch by every
+    job, and was read whole each time: 0.65 s of CPU a read after an hour's campaign).
+    Files a restore (or compaction) took out of the table drop out of the reads."""
+    from deltalake import DeltaTable
+
+    from falkirk.io import lake
+
+    opened: list[str] = []
+    real = lake.ds.dataset
+
+    def spy(files, **kwargs):
+        opened.extend(files)
+        return real(files, **kwargs)
+
+    monkeypatch.setattr(lake.ds, "dataset", spy)
+    log = EpochLog(str(tmp_path / "log"))
+    for k in range(3):
+        log.record(EpochRecord("small", "popularity", k, 0, "committed"))
+    assert [r.time for r in log.records("small")] == [0, 1, 2]
+    assert len(opened) == 3
+    opened.clear()
+    log.record(EpochRecord("small", "popularity", 3, 0, "committed"))
+    log.record(EpochRecord("small", "popularity", 3, 0, "invalidated"))
+    assert [(r.time, r.status) for r in log.records("small")] == [
+        (0, "committed"), (1, "committed"), (2, "committed"), (3, "committed"),
+        (3, "invalidated")]
+    assert len(opened) == 2
+    opened.clear()
+    assert len(log.records("small")) == 5 and opened == []
+    assert log.records("small") == EpochLog(str(tmp_path / "log")).records("small")
+
+    DeltaTable(log.uri("epochs")).restore(1)  # the rows of versions 0 and 1 are left
+    assert [r.time for r in log.records("small")] == [0, 1]
+    assert log.records("small") == EpochLog(str(tmp_path / "log")).records("small")

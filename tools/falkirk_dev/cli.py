@@ -76,6 +76,7 @@ BENCHES = {
     "latency": ("latency", True),
     "hosting": ("hosting", True),
     "driver": ("driver_start", True),
+    "log": ("log_bench", True),
     "all": ("all_bench", True),
 }
 
@@ -162,7 +163,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kill-epoch", type=int, default=7, help="rework: kill communities in it")
     p.add_argument("--events", help="rework, regimes, long, hosting: events of input "
                    "(defaults 3,000, 20,000, 25,000, 20,000); scale: sizes, comma-separated "
-                   "(default 10000,100000,1000000)")
+                   "(default 10000,100000,1000000); log: appends to the log (default 700)")
     p.add_argument("--rounds", type=int, default=2, help="regimes, scale, hosting, driver: "
                    "rounds of each variant")
     p.add_argument("--rate", type=float, help="latency: events/s produced in real time "
@@ -170,7 +171,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--minutes", type=float, help="latency: minutes of input (default 5)")
     p.add_argument("--drain-minutes", type=float, help="latency: how long to wait for the "
                    "last answers after the input ended (default 15)")
-    p.add_argument("--json", help="scale, long, latency, hosting, driver: write the figures "
+    p.add_argument("--json", help="scale, long, latency, hosting, driver, log: write the figures "
                    "here (and the plot beside it, .svg)")
     p.add_argument("--no-check", action="store_true", help="scale: skip comparing the plain "
                    "job's tables with the pipeline's")

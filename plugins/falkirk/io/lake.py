@@ -200,12 +200,20 @@ class DeltaLogReader:
 class AppendOrder:
     """Rows of an append-only table in the order they were committed: by the Delta version
     that added their file, then their place in the file. The log's own order, which no
-    clock step can change (a ``recorded_at`` column is only a wall clock)."""
+    clock step can change (a ``recorded_at`` column is only a wall clock).
+
+    A Delta data file never changes once written, so each file is read once and its rows
+    kept (per filter): a read opens only the files added since the last one. Reading every
+    file each time cost 0.65 s of CPU a call at the end of an hour's campaign (695 files in
+    the epochs table), and jobs, the supervisor and the campaign all read the log often.
+    """
 
     def __init__(self, table_uri: str, storage_options: dict[str, str] | None = None):
         self.log = DeltaLogReader(table_uri, storage_options)
         self._versions: dict[str, int] = {}
         self._through = -1
+        self._schema: pa.Schema | None = None
+        self._rows: dict[str, dict[str, list[dict]]] = {}  # filters -> file -> its rows
 
     def read(self, filters: list[tuple[str, str, Any]] | None = None) -> list[dict]:
         table = self.log.table()
@@ -213,15 +221,26 @@ class AppendOrder:
         if latest > self._through:
             self._versions.update(self.log.add_versions(self._through, latest))
             self._through = latest
-        dataset = version_dataset(self.log.table_uri, latest, self.log.storage_options)
-        expression = pq.filters_to_expression(filters) if filters else None
-        parts = []
-        for fragment in dataset.get_fragments():
-            rows = fragment.to_table(filter=expression, schema=dataset.schema).to_pylist()
-            if rows:
-                parts.append((self._versions.get(fragment.path, -1), fragment.path, rows))
-        parts.sort(key=lambda p: (p[0], p[1]))
-        return [row for _, _, rows in parts for row in rows]
+        schema = pa.schema(table.schema().to_arrow())
+        if schema != self._schema:  # rows already read would lack a new column
+            self._rows.clear()
+            self._schema = schema
+        root = self.log.table_uri
+        files = [uri[len(root) + 1:] if uri.startswith(root + "/") else uri
+                 for uri in (file_path(u) for u in table.file_uris())]
+        kept = self._rows.setdefault(repr(filters), {})
+        new = [f for f in files if f not in kept]
+        if new:
+            expression = pq.filters_to_expression(filters) if filters else None
+            dataset = ds.dataset(new, schema=schema, format="parquet", filesystem=self.log.fs)
+            for fragment in dataset.get_fragments():
+                kept[fragment.path] = fragment.to_table(filter=expression,
+                                                        schema=schema).to_pylist()
+        live = set(files)
+        for gone in [f for f in kept if f not in live]:  # compacted or restored away
+            del kept[gone]
+        order = sorted((self._versions.get(f, -1), f) for f in files)
+        return [dict(row) for _, f in order for row in kept[f]]
 
 
 def user_metadata(text: Any, key: str) -> Any:
