@@ -5,14 +5,16 @@ input), every message on the output topics counted."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from reference_runs import INPUT
 
-from falkirk_dev.chaos import campaign
+from falkirk_dev import chaos_airflow
+from falkirk_dev.chaos import campaign, outcome
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_a_short_campaign_loses_duplicates_and_sticks_nothing(golden, tmp_path):
     result = campaign(tmp_path, minutes=1.5, seed=2, data=INPUT, say=print, golden=golden)
     assert result["kills"] >= 1, result["events"]
@@ -32,6 +34,7 @@ def test_a_short_campaign_loses_duplicates_and_sticks_nothing(golden, tmp_path):
             assert all(v >= 0 for v in k["parts"].values()), k
 
 
+@pytest.mark.slow
 def test_under_airflow_kills_in_the_middle_of_a_recovery_are_recovered_too(golden, tmp_path):
     """CI's variant of ``falkirk chaos --airflow --every``: a local Airflow runs the
     pipeline. Its scheduler (with its executor and tasks) and a stream job are SIGKILLed
@@ -57,3 +60,71 @@ def test_under_airflow_kills_in_the_middle_of_a_recovery_are_recovered_too(golde
                                       "outputs_differ")}
     assert summary == {"lost": 0, "duplicated": 0, "stuck": 0, "changed_on_resend": 0,
                        "outputs_differ": []}, result
+
+
+class _Clock:
+    """A monotonic clock the test moves; the campaign's sleeps move it too."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def _campaign_on_a_log(monkeypatch) -> tuple[chaos_airflow.AirflowCampaign, list, _Clock]:
+    """An AirflowCampaign over an epoch log the test appends to (no Airflow, no jobs)."""
+    clock, records = _Clock(), []
+    monkeypatch.setattr(chaos_airflow.time, "monotonic", clock)
+    monkeypatch.setattr(chaos_airflow.time, "sleep", clock.sleep)
+    log = SimpleNamespace(records=lambda name: list(records), rollbacks=lambda name: [],
+                          job_runs=lambda name: {})
+    run = SimpleNamespace(log=log, pipeline=SimpleNamespace(name="reference"))
+    demo = SimpleNamespace(run=run, check_failures=lambda progress: None,
+                           progress=lambda airflow: {})
+    c = chaos_airflow.AirflowCampaign(demo, __import__("random").Random(0), lambda m: None,
+                                      every_s=15.0)
+    c.all_done = lambda: False
+    return c, records, clock
+
+
+def _broker_kill(c, records, clock) -> dict:
+    kill = {"target": "broker", "at": clock(), "records_before": len(records),
+            "wall": None, "rollbacks_before": 0}
+    c._kill_recorded(kill)
+    return kill
+
+
+def test_a_stuck_kill_is_still_watched_and_its_late_recovery_counts_in_the_p95(monkeypatch):
+    """A kill not recovered within the timeout is counted stuck, and stays watched: its
+    recovery time when it comes (700 s here) is in the percentiles. Before, it was dropped
+    from them, so a campaign whose slowest recoveries were stuck reported a p95 below them."""
+    c, records, clock = _campaign_on_a_log(monkeypatch)
+    kill = _broker_kill(c, records, clock)
+    clock.now += chaos_airflow.RECOVERY_TIMEOUT_S + 1
+    c.settle()
+    assert c.stuck == 1 and kill["stuck"] and c.pending == [kill]
+    assert c.recovering() == []  # a serial campaign strikes again meanwhile
+    clock.now = kill["at"] + 700.0
+    records.append(SimpleNamespace(region="ingest", generation=0, status="committed"))
+    c.settle()
+    assert c.pending == [] and kill["recovery_s"] == 700.0 and c.stuck == 1
+    quick = {"target": "broker", "recovery_s": 10.0}
+    figures = outcome([quick] * 19 + [kill], {}, {})
+    assert figures["recovery_s_p95"] == 700.0, figures
+
+
+def test_a_kill_not_recovered_after_the_strikes_end_never_recovers(monkeypatch):
+    """The drain waits for every pending kill, stuck ones too, but not forever: one still
+    not recovered the timeout after the strikes ended is marked never recovered."""
+    c, records, clock = _campaign_on_a_log(monkeypatch)
+    kill = _broker_kill(c, records, clock)
+    start = clock()
+    c.drain()
+    assert c.pending == [] and kill["never_recovered"] and kill["recovery_s"] is None
+    assert c.stuck == 1
+    assert chaos_airflow.RECOVERY_TIMEOUT_S < clock() - start < (
+        chaos_airflow.RECOVERY_TIMEOUT_S + 2)
