@@ -207,3 +207,52 @@ def test_a_read_opens_only_the_files_added_since_the_last_one(tmp_path, monkeypa
     DeltaTable(log.uri("epochs")).restore(1)  # the rows of versions 0 and 1 are left
     assert [r.time for r in log.records("small")] == [0, 1]
     assert log.records("small") == EpochLog(str(tmp_path / "log")).records("small")
+
+
+def test_two_threads_never_read_one_table_of_the_log_at_once(tmp_path, monkeypatch):
+    """A lease's renewing thread reads the log beside the rollback it guards. The kept rows
+    are shared: a read that took the table's files, then paused while another read dropped
+    the files a restore took away, would look for rows no longer kept. The fault point
+    pauses the first read after it listed the files; the second must wait for it."""
+    import threading
+
+    from deltalake import DeltaTable
+
+    from falkirk.io import lake
+
+    log = EpochLog(str(tmp_path / "log"))
+    for k in range(3):
+        log.record(EpochRecord("small", "popularity", k, 0, "committed"))
+    log.records("small")  # every file read and kept
+    log.record(EpochRecord("small", "popularity", 3, 0, "committed"))
+    paused, resume = threading.Event(), threading.Event()
+    real = lake.ds.dataset
+
+    def fault_point(files, **kwargs):  # the first read, reading the one new file
+        if threading.current_thread().name == "first":
+            paused.set()
+            resume.wait()
+        return real(files, **kwargs)
+
+    monkeypatch.setattr(lake.ds, "dataset", fault_point)
+    got: dict[str, object] = {}
+
+    def read(name: str) -> None:
+        try:
+            got[name] = [r.time for r in log.records("small")]
+        except Exception as e:  # noqa: BLE001 - the failure is what the test reports
+            got[name] = e
+
+    first = threading.Thread(target=read, args=("first",), name="first")
+    first.start()
+    assert paused.wait(30)
+    DeltaTable(log.uri("epochs")).restore(1)  # versions 2 and 3 leave the table
+    second = threading.Thread(target=read, args=("second",), name="second")
+    second.start()
+    second.join(timeout=2)
+    overlapped = not second.is_alive()  # it read while the first was inside its read
+    resume.set()
+    first.join(30)
+    second.join(30)
+    assert not overlapped, got
+    assert got == {"first": [0, 1, 2, 3], "second": [0, 1]}, got

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -214,8 +215,13 @@ class AppendOrder:
         self._through = -1
         self._schema: pa.Schema | None = None
         self._rows: dict[str, dict[str, list[dict]]] = {}  # filters -> file -> its rows
+        self._lock = threading.Lock()  # a lease's renewing thread reads the same log
 
     def read(self, filters: list[tuple[str, str, Any]] | None = None) -> list[dict]:
+        with self._lock:
+            return self._read(filters)
+
+    def _read(self, filters: list[tuple[str, str, Any]] | None) -> list[dict]:
         table = self.log.table()
         latest = table.version()
         if latest > self._through:
