@@ -373,3 +373,20 @@ def test_an_epoch_committed_before_a_kill_is_written_once_by_a_newer_generation(
     newest = DeltaTable(uri).version()
     assert EpochWriter(spark, uri, "agg", 1, SCHEMA).discard_orphans(0, newest) == newest
     assert table_ids(spark, uri) == expected_ids(range(5))
+
+
+def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created(spark,
+                                                                              tmp_path):
+    """delta-spark makes ``_delta_log`` before it writes version 0: a job killed in between
+    left the folder with no commit (and maybe a temporary file), and every restart of the
+    job failed to create the table (DELTA_TABLE_NOT_FOUND), so its region never recovered
+    (found by the fault campaign under Airflow: serve killed as it created query_stats)."""
+    uri = str(tmp_path / "unborn")
+    log_dir = tmp_path / "unborn" / "_delta_log"
+    log_dir.mkdir(parents=True)
+    (log_dir / ".00000000000000000000.json.5b1c.tmp").write_text("")  # a write cut short
+    writer = EpochWriter(spark, uri, "agg", 1, SCHEMA)
+    writer.ensure_table()
+    assert DeltaTable(uri).version() == 0
+    write_epochs(spark, writer, [0])
+    assert table_ids(spark, uri) == expected_ids([0])

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 import time
 from contextlib import suppress
@@ -235,6 +236,7 @@ def ensure_table(spark: SparkSession, table_uri: str, schema: pa.Schema,
     for attempt in range(_CREATE_ATTEMPTS):
         if RsTable.is_deltatable(table_uri, storage_options):
             break
+        _clear_unborn_log(table_uri)
         builder = DeltaTable.createIfNotExists(spark).location(spark_uri(table_uri))
         builder = builder.addColumns(spark_schema(schema))
         for key, value in TABLE_CONFIGURATION.items():
@@ -250,6 +252,30 @@ def ensure_table(spark: SparkSession, table_uri: str, schema: pa.Schema,
     if _shape(found["fields"]) != expected:
         raise TableSchemaError(f"{table_uri} has schema {json.dumps(found)}, its writer "
                                f"writes {spark_schema(schema).json()}")
+
+
+def _clear_unborn_log(table_uri: str) -> None:
+    """Remove the ``_delta_log`` folder a creation killed before its first commit left.
+
+    delta-spark makes the folder first: with no commit in it, delta-spark takes the path
+    for a table and refuses to create one (DELTA_TABLE_NOT_FOUND), delta-rs takes it for
+    none, so the table's job failed at every restart (the fault campaign's serve, killed as
+    it created ``query_stats``). Only a local folder can be left so: an object store has
+    no empty folders. A concurrent creator whose temporary file goes with it retries."""
+    local = local_path(table_uri)
+    if local is None:
+        return
+    log_dir = os.path.join(local, LOG_DIR)
+    try:
+        names = os.listdir(log_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if any(n[:1].isdigit() or n == "_last_checkpoint" for n in names):
+        return  # a commit or checkpoint: a table, not an unborn one
+    logger.warning("%s: a _delta_log with no commit (%s), left by a creation killed before "
+                   "its first commit; creating the table again", table_uri,
+                   ", ".join(sorted(names)) or "empty")
+    shutil.rmtree(log_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
