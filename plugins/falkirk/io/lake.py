@@ -99,11 +99,16 @@ def version_dataset(table_uri: str, version: int | None = None,
 
     table = DeltaTable(table_uri, version=version, storage_options=storage_options)
     schema = pa.schema(table.schema().to_arrow())
+    return ds.dataset(data_files(table, table_uri), schema=schema, format="parquet",
+                      filesystem=table_filesystem(table_uri.rstrip("/"), storage_options))
+
+
+def data_files(table: Any, table_uri: str) -> list[str]:
+    """The data files of a delta-rs table as loaded, relative to its folder (the paths
+    :func:`table_filesystem` takes)."""
     root = table_uri.rstrip("/")
-    files = [uri[len(root) + 1:] if uri.startswith(root + "/") else uri
-             for uri in (file_path(u) for u in table.file_uris())]
-    return ds.dataset(files, schema=schema, format="parquet",
-                      filesystem=table_filesystem(root, storage_options))
+    return [uri[len(root) + 1:] if uri.startswith(root + "/") else uri
+            for uri in (file_path(u) for u in table.file_uris())]
 
 
 def read_table(table_uri: str, version: int | None = None,
@@ -231,9 +236,7 @@ class AppendOrder:
         if schema != self._schema:  # rows already read would lack a new column
             self._rows.clear()
             self._schema = schema
-        root = self.log.table_uri
-        files = [uri[len(root) + 1:] if uri.startswith(root + "/") else uri
-                 for uri in (file_path(u) for u in table.file_uris())]
+        files = data_files(table, self.log.table_uri)
         kept = self._rows.setdefault(repr(filters), {})
         new = [f for f in files if f not in kept]
         if new:
