@@ -5,6 +5,7 @@ input), every message on the output topics counted."""
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -85,7 +86,7 @@ def _campaign_on_a_log(monkeypatch) -> tuple[chaos_airflow.AirflowCampaign, list
     run = SimpleNamespace(log=log, pipeline=SimpleNamespace(name="reference"))
     demo = SimpleNamespace(run=run, check_failures=lambda progress: None,
                            progress=lambda airflow: {})
-    c = chaos_airflow.AirflowCampaign(demo, __import__("random").Random(0), lambda m: None,
+    c = chaos_airflow.AirflowCampaign(demo, random.Random(0), lambda m: None,
                                       every_s=15.0)
     c.all_done = lambda: False
     return c, records, clock

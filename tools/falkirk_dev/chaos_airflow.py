@@ -90,7 +90,6 @@ class AirflowCampaign:
         self.every_s = every_s
         self.kills: list[dict[str, Any]] = []
         self.pending: list[dict[str, Any]] = []  # kills not recovered yet
-        self.stuck = 0
         self._asked = 0.0
         self._settled = 0.0
         self.next_at = time.monotonic() + self._gap()
@@ -141,6 +140,11 @@ class AirflowCampaign:
         else:
             time.sleep(POLL_S)
 
+    @property
+    def stuck(self) -> int:
+        """Kills not recovered within :data:`RECOVERY_TIMEOUT_S` (some did later)."""
+        return sum(1 for k in self.kills if k.get("stuck"))
+
     def recovering(self) -> list[dict[str, Any]]:
         """The pending kills not counted stuck yet (a strike without ``every_s`` waits for
         them, not for a stuck one)."""
@@ -160,9 +164,7 @@ class AirflowCampaign:
             if time.monotonic() > deadline:
                 for kill in self.pending:
                     kill["recovery_s"], kill["never_recovered"] = None, True
-                    if not kill.get("stuck"):  # struck just before the drain began
-                        kill["stuck"] = True
-                        self.stuck += 1
+                    kill["stuck"] = True  # (also one struck just before the drain began)
                     self.say(f"[red]{kill.get('job', kill['target'])} killed at "
                              f"{kill['at'] - self.kills[0]['at']:.0f} s never recovered")
                 self.pending.clear()
@@ -295,7 +297,6 @@ class AirflowCampaign:
                 # Stuck, and still watched: when it does recover, its time counts in the
                 # percentiles (leaving it out would flatter the p95).
                 kill["stuck"] = True
-                self.stuck += 1
                 self.say(f"[red]stuck: {kill.get('job', kill['target'])} not recovered "
                          f"within {RECOVERY_TIMEOUT_S:.0f} s")
         if not self.recovering() and self.every_s is None:
