@@ -41,6 +41,14 @@ def table_ids(spark, uri: str, version: int | None = None) -> list[int]:
     return sorted(r.id for r in read_version(spark, uri, version).select("id").collect())
 
 
+def delta_spark_ids(spark, uri: str, version: int | None = None) -> list[int]:
+    """The ids of a version as delta-spark's own reader reads it (``versionAsOf``)."""
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return sorted(r.id for r in reader.load(uri).select("id").collect())
+
+
 def write_epochs(spark, writer: EpochWriter, epochs) -> dict[int, int]:
     """Epoch -> committed table version."""
     versions = {}
@@ -102,7 +110,7 @@ def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, t
     restored = rollback_table(uri, versions[1])
     for version in [0, *versions.values(), restored]:
         by_rs = sorted(read_table(uri, version)["id"].to_pylist())
-        assert by_rs == table_ids(spark, uri, version), version
+        assert by_rs == delta_spark_ids(spark, uri, version), version
     assert sorted(read_table(uri)["id"].to_pylist()) == expected_ids(range(2))
     by_engine = {(c[0]["commitInfo"].get("operation"),
                   c[0]["commitInfo"].get("engineInfo", c[0]["commitInfo"].get(
@@ -117,7 +125,74 @@ def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, t
     write_epochs(spark, writer2, range(2, 4))
     for epoch in range(2, 4):  # replayed: skipped by its txn
         assert writer2.write_epoch(epoch_frame(spark, epoch, ROWS), epoch) is None
-    assert table_ids(spark, uri) == expected_ids(range(4))
+    assert delta_spark_ids(spark, uri) == expected_ids(range(4))
+
+
+def jobs_of(spark, group: str, action) -> tuple[object, int]:
+    """What ``action()`` returned and how many Spark jobs it ran."""
+    spark.sparkContext.setJobGroup(group, group)
+    try:
+        out = action()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    return out, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+
+def test_a_version_is_read_from_the_files_its_log_lists_as_delta_spark_reads_it(spark,
+                                                                                tmp_path):
+    """read_version reads a plain table's version as the Parquet files its log lists:
+    the same rows and columns as delta-spark's versionAsOf at every version (the empty
+    version 0, appends, a RESTORE, epochs written again after it), in one Spark job where
+    delta-spark's read runs more to build the version's snapshot and filter its files."""
+    uri = str(tmp_path / "out")
+    writer = EpochWriter(spark, uri, "agg", 1, SCHEMA)
+    writer.ensure_table()
+    versions = list(write_epochs(spark, writer, range(3)).values())
+    versions.append(rollback_table(uri, versions[0]))
+    versions += write_epochs(spark, EpochWriter(spark, uri, "agg", 2, SCHEMA),
+                             range(1, 3)).values()
+    for version in [0, *versions]:
+        df = read_version(spark, uri, version)
+        by_delta = spark.read.format("delta").option("versionAsOf", version).load(uri)
+        assert df.schema.simpleString() == by_delta.schema.simpleString()
+        assert sorted(df.collect()) == sorted(by_delta.collect()), version
+    rows, jobs = jobs_of(spark, "read-by-files", read_version(spark, uri, versions[-1]).collect)
+    _, delta_jobs = jobs_of(spark, "read-by-delta-spark", spark.read.format("delta").option(
+        "versionAsOf", versions[-1]).load(uri).collect)
+    assert len(rows) == 3 * ROWS and jobs == 1 and delta_jobs > 1, (jobs, delta_jobs)
+
+
+def test_a_version_of_many_files_is_read_without_a_listing_job(spark, tmp_path):
+    """Above 32 paths Spark lists the files it is handed with a Spark job (a task per
+    path); a local lake's driver checks them itself (the launch settings), so a version of
+    40 appends still reads in one job."""
+    from deltalake import write_deltalake
+
+    uri = str(tmp_path / "many")
+    for epoch in range(40):
+        write_deltalake(uri, pa.table({"epoch": [epoch], "id": [epoch]}), mode="append")
+    rows, jobs = jobs_of(spark, "read-40-files", read_version(spark, uri).collect)
+    assert sorted(r.id for r in rows) == list(range(40)) and jobs == 1
+
+
+def test_a_table_plain_parquet_cannot_read_exactly_is_read_by_delta_spark(spark, tmp_path):
+    """A partitioned table (its partition values are not in its files) and one with a
+    deletion vector (a deleted row is still in its file) read as delta-spark reads them."""
+    from deltalake import write_deltalake
+
+    parted = str(tmp_path / "parted")
+    write_deltalake(parted, pa.table({"epoch": [0, 1], "id": [10, 11]}), partition_by=["epoch"])
+    assert sorted((r.epoch, r.id) for r in read_version(spark, parted).collect()) == [
+        (0, 10), (1, 11)]
+    vectors = str(tmp_path / "vectors")
+    spark.sql(f"CREATE TABLE delta.`{vectors}` (id BIGINT) USING delta "
+              "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"INSERT INTO delta.`{vectors}` VALUES (1), (2), (3)")
+    spark.sql(f"DELETE FROM delta.`{vectors}` WHERE id = 2")
+    assert DeltaTable(vectors).protocol().min_reader_version == 3
+    # the deleted row is still in the version's files: only its vector drops it
+    assert spark.read.parquet(*DeltaTable(vectors).file_uris()).count() == 3
+    assert sorted(r.id for r in read_version(spark, vectors).collect()) == [1, 3]
 
 
 def test_a_null_in_a_non_nullable_column_is_refused_naming_where(spark, tmp_path):

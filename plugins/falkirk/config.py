@@ -98,6 +98,11 @@ class Config:
                 # Delta rebuilds a table's snapshot with 50 tasks by default: 2 cores here.
                 "spark.databricks.delta.snapshotPartitions":
                     str(self.spark_shuffle_partitions)}
+        if not self.lake.startswith("s3://"):
+            # falkirk.io.delta.read_version hands Spark a version's data files: above 32
+            # paths Spark would check them with a Spark job of a task per path, where the
+            # driver checks local files in microseconds (an object store keeps the job).
+            conf["spark.sql.sources.parallelPartitionDiscovery.threshold"] = "1000000"
         options = self.spark_driver_java_options
         if class_data:
             from falkirk.io.classdata import java_options

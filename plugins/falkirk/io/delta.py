@@ -13,8 +13,10 @@ writers are fenced and stopped, so no commit of the other engine can race it:
   started one paid 30 s for it: docs/faults.md). A RESTORE keeps every app's transaction
   version (delta-io/delta#1813): writers that must write epochs after the restored
   version again do so under a new generation (a new app id).
-* :func:`read_version` reads one version (``versionAsOf``); :func:`read_appends` reads only
-  the rows one epoch appended, through Delta's streaming source.
+* :func:`read_version` reads one version: the Parquet files its log lists (delta-rs lists
+  them), or delta-spark's ``versionAsOf`` for a table plain Parquet cannot read exactly;
+  :func:`read_appends` reads only the rows one epoch appended, through Delta's streaming
+  source.
 * :func:`vacuum_orphans` removes data files no kept version references (a write killed
   before its commit leaves such files).
 """
@@ -44,6 +46,7 @@ from falkirk.io.lake import (
     DeltaLogReader,
     NullViolation,
     TableSchemaError,
+    data_files,
     file_path,
     local_path,
 )
@@ -404,11 +407,44 @@ def read_version(
     version: int | None = None,
     storage_options: dict[str, str] | None = None,
 ) -> DataFrame:
-    """Exactly the rows of one table version (default: latest) as a Spark DataFrame."""
-    reader = spark.read.format("delta")
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    return reader.load(spark_uri(table_uri.rstrip("/")))
+    """Exactly the rows of one table version (default: latest) as a Spark DataFrame.
+
+    A table of reader version 1 without partition columns (every table falkirk creates:
+    no deletion vectors, no column mapping) is, by the Delta protocol, the union of the
+    Parquet files its log lists at that version. delta-rs lists them in the driver (bounded
+    metadata, no Spark job) and Spark reads them as Parquet with that version's schema.
+    delta-spark's ``versionAsOf`` read first builds the version's snapshot and filters its
+    file list with two Spark jobs per read, and an epoch reads each side input at a new
+    version: a serve epoch paid 6 of its 45 Spark jobs for its three (docs/jobs.md). Any
+    other table (other reader features, partitions) is read by delta-spark.
+    """
+    uri = table_uri.rstrip("/")
+    files = _plain_files(uri, version, storage_options)
+    if files is None:
+        reader = spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(spark_uri(uri))
+    schema, paths = files
+    if not paths:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(*(spark_uri(path) for path in paths))
+
+
+_GLOB = re.compile(r"[*?\[\]{}\\]")  # Spark globs a path it reads as Parquet
+
+
+def _plain_files(table_uri: str, version: int | None,
+                 storage_options: dict[str, str] | None) -> tuple[StructType, list[str]] | None:
+    """(schema, data files) of a table version that plain Parquet reads exactly, else
+    None (reader features such as deletion vectors or column mapping, partition columns,
+    a location Spark would take for a glob pattern)."""
+    table = RsTable(table_uri, version=version, storage_options=storage_options)
+    if (table.protocol().min_reader_version > 1 or table.metadata().partition_columns
+            or _GLOB.search(table_uri)):
+        return None
+    return (spark_schema(pa.schema(table.schema().to_arrow())),
+            [f"{table_uri}/{path}" for path in data_files(table, table_uri)])
 
 
 def read_appends(spark: SparkSession, table_uri: str, version: int, epoch: int) -> DataFrame:

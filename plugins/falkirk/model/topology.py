@@ -100,9 +100,9 @@ class EdgeSpec:
     delay: int = 0
     schema: str | None = None  # schemas/tables/<schema>.json when it differs from the table
     # How the receiver reads a Delta edge each epoch: "snapshot", the table as of the
-    # sender's epoch (versionAsOf); "appends", only the rows the sender appended for that
-    # epoch, followed through Delta's streaming source (for a region that reads a growing
-    # table continuously and needs each epoch's increment, not the whole table).
+    # sender's epoch (the version the epoch log names); "appends", only the rows the
+    # sender appended for that epoch, followed through Delta's streaming source (for a
+    # region that reads a growing table continuously and needs each epoch's increment).
     read: str = "snapshot"
 
     @property

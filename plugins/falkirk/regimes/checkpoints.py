@@ -515,19 +515,19 @@ class CheckpointStore:
     def restore_frame(self, spark: SparkSession, checkpoint_id: int) -> DataFrame:
         """The exact state at ``checkpoint_id`` as a DataFrame (key + value columns).
 
-        Reads the table at the version the checkpoint names (``versionAsOf``), keeps rows of
-        checkpoints ≤ the id and per key the newest, tombstones dropped: as :meth:`restore`,
-        in Spark.
+        Reads the table at the version the checkpoint names (``falkirk.io.delta.read_version``),
+        keeps rows of checkpoints ≤ the id and per key the newest, tombstones dropped: as
+        :meth:`restore`, in Spark.
         """
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        from falkirk.io.delta import spark_uri
+        from falkirk.io.delta import read_version
 
         checkpoint_id = _as_id(checkpoint_id)
         version = self._version(self._manifest(self._table()), checkpoint_id)
-        rows = (spark.read.format("delta").option("versionAsOf", version)
-                .load(spark_uri(self.uri)).filter(F.col(CHECKPOINT) <= checkpoint_id))
+        rows = read_version(spark, self.uri, version, self.storage_options).filter(
+            F.col(CHECKPOINT) <= checkpoint_id)
         newest = Window.partitionBy(KEY).orderBy(F.col(CHECKPOINT).desc())
         return (rows.withColumn("_falkirk_rank", F.row_number().over(newest))
                 .filter((F.col("_falkirk_rank") == 1) & ~F.col(DELETED))
