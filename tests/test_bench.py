@@ -1,5 +1,6 @@
-"""The long, the latency and the log benchmarks: their figures from known timings, and a short run
-of each on the real parts (CI runs these short variants; the full runs are in the README)."""
+"""The long, the latency, the log and the Delta benchmarks: their figures from known
+timings, and a short run of each on the real parts (CI runs these short variants; the full
+runs are in the README)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,15 @@ def test_a_short_log_run_reports_both_reads_and_they_agree(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["appends"] == 12 and figures["rounds"] >= 1
     assert figures["new_reader_cpu_s"] > 0 and figures["kept_reader_cpu_s"] >= 0
+
+
+@pytest.mark.slow
+def test_a_short_delta_run_reads_every_version_both_ways_alike():
+    """``falkirk bench delta``'s short variant: each version read by delta-spark's
+    versionAsOf and by its file list counts the same rows (the benchmark asserts it), and
+    the file list's read runs fewer Spark jobs (no snapshot built, no files filtered)."""
+    from falkirk_dev.bench.delta_bench import main
+
+    out = main(rows=2_000, epochs=2)
+    assert out["read_versionAsOf_ms"] > 0 and out["read_file_list_ms"] > 0
+    assert out["read_file_list_jobs"] < out["read_versionAsOf_jobs"], out

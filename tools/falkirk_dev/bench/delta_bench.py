@@ -8,6 +8,10 @@ delta-rs, delta-spark's snapshot update, file statistics and commit, and finding
 epoch's commit in the log). A plain Delta append of the same rows (no ``txnAppId``) is timed
 too, which splits the writer's extra time into Delta's own commit and the rest (the
 idempotent write's transaction lookup, the epoch's commit found by delta-rs).
+
+Then every version of the writer's table is read whole, as an epoch reads a side input:
+by delta-spark's ``versionAsOf`` and by ``falkirk.io.delta.read_version`` (the Parquet
+files the log lists there), alternating which goes first: seconds and Spark jobs per read.
 """
 
 from __future__ import annotations
@@ -107,11 +111,48 @@ def main(rows: int = 1_000_000, epochs: int = 5) -> dict[str, float]:
         verdict = "ok" if ratio >= GOAL else "BELOW GOAL"
         print(f"ratio {ratio:.2f} (goal >= {GOAL}: {verdict}); {overhead_ms:+.0f} ms per epoch, "
               f"of which {over_delta_ms:+.0f} ms over a plain Delta append")
+        reads = compare_reads(spark, writer.table_uri, writer.log.table().version())
         return {"plain_rate": plain_rate, "writer_rate": writer_rate, "ratio": ratio,
-                "delta_rate": written / delta_s, "writer_over_delta_ms": over_delta_ms}
+                "delta_rate": written / delta_s, "writer_over_delta_ms": over_delta_ms,
+                **reads}
     finally:
         shutil.rmtree(root, ignore_errors=True)
         spark.stop()
+
+
+def compare_reads(spark, uri: str, newest: int) -> dict[str, float]:
+    """Versions 1..``newest`` of ``uri`` each read whole (a count) by delta-spark's
+    ``versionAsOf`` and by ``read_version``; per read: mean seconds and Spark jobs."""
+    from falkirk.io.delta import read_version, spark_uri
+
+    ways = {
+        "versionAsOf": lambda v: spark.read.format("delta").option("versionAsOf", v).load(
+            spark_uri(uri)),
+        "file_list": lambda v: read_version(spark, uri, v),
+    }
+    seconds = dict.fromkeys(ways, 0.0)
+    jobs = dict.fromkeys(ways, 0)
+    tracker = spark.sparkContext.statusTracker()
+    for i, version in enumerate(range(1, newest + 1)):
+        counts = set()
+        for name in (list(ways) if i % 2 == 0 else list(reversed(ways))):
+            group = f"falkirk-delta-bench-{name}-{version}"
+            spark.sparkContext.setJobGroup(group, group)
+            t0 = time.perf_counter()
+            counts.add(ways[name](version).count())
+            seconds[name] += time.perf_counter() - t0
+            jobs[name] += len(tracker.getJobIdsForGroup(group))
+        assert len(counts) == 1, f"version {version} read differently: {counts}"
+    spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    out = {}
+    for name in ways:
+        out[f"read_{name}_ms"] = seconds[name] / newest * 1000
+        out[f"read_{name}_jobs"] = jobs[name] / newest
+    delta_ms, files_ms = out["read_versionAsOf_ms"], out["read_file_list_ms"]
+    print(f"a version read whole ({newest} versions): delta-spark versionAsOf "
+          f"{delta_ms:.0f} ms / {out['read_versionAsOf_jobs']:.1f} Spark jobs, its file list "
+          f"{files_ms:.0f} ms / {out['read_file_list_jobs']:.1f} ({files_ms / delta_ms:.2f}x)")
+    return out
 
 
 if __name__ == "__main__":
