@@ -233,6 +233,16 @@ def test_a_lake_folder_with_a_space_reads_back(spark, tmp_path):
     assert sorted(read_table(uri)["id"].to_pylist()) == expected_ids(range(2))
 
 
+def test_a_lake_folder_spark_would_take_for_a_pattern_reads_back(spark, tmp_path):
+    """Spark globs the paths it reads as Parquet: a table under a folder named like a
+    pattern is read by delta-spark, not by its file list."""
+    uri = str(tmp_path / "lake[1]" / "out")
+    writer = EpochWriter(spark, uri, "agg", 1, SCHEMA)
+    writer.ensure_table()
+    write_epochs(spark, writer, range(2))
+    assert table_ids(spark, uri) == expected_ids(range(2))
+
+
 def test_replayed_epoch_is_skipped_in_same_generation(spark, tmp_path):
     uri = str(tmp_path / "out")
     writer = EpochWriter(spark, uri, "agg", 1, SCHEMA)

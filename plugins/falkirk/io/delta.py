@@ -440,11 +440,12 @@ def _plain_files(table_uri: str, version: int | None,
     None (reader features such as deletion vectors or column mapping, partition columns,
     a location Spark would take for a glob pattern)."""
     table = RsTable(table_uri, version=version, storage_options=storage_options)
-    if (table.protocol().min_reader_version > 1 or table.metadata().partition_columns
-            or _GLOB.search(table_uri)):
+    if table.protocol().min_reader_version > 1 or table.metadata().partition_columns:
         return None
-    return (spark_schema(pa.schema(table.schema().to_arrow())),
-            [f"{table_uri}/{path}" for path in data_files(table, table_uri)])
+    paths = [f"{table_uri}/{path}" for path in data_files(table, table_uri)]
+    if any(_GLOB.search(path) for path in [table_uri, *paths]):
+        return None
+    return spark_schema(pa.schema(table.schema().to_arrow())), paths
 
 
 def read_appends(spark: SparkSession, table_uri: str, version: int, epoch: int) -> DataFrame:
