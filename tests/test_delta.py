@@ -41,12 +41,16 @@ def table_ids(spark, uri: str, version: int | None = None) -> list[int]:
     return sorted(r.id for r in read_version(spark, uri, version).select("id").collect())
 
 
-def delta_spark_ids(spark, uri: str, version: int | None = None) -> list[int]:
-    """The ids of a version as delta-spark's own reader reads it (``versionAsOf``)."""
+def by_delta_spark(spark, uri: str, version: int | None = None):
+    """A version as delta-spark's own reader reads it (``versionAsOf``)."""
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
-    return sorted(r.id for r in reader.load(uri).select("id").collect())
+    return reader.load(uri)
+
+
+def delta_spark_ids(spark, uri: str, version: int | None = None) -> list[int]:
+    return sorted(r.id for r in by_delta_spark(spark, uri, version).select("id").collect())
 
 
 def write_epochs(spark, writer: EpochWriter, epochs) -> dict[int, int]:
@@ -130,12 +134,14 @@ def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, t
 
 def jobs_of(spark, group: str, action) -> tuple[object, int]:
     """What ``action()`` returned and how many Spark jobs it ran."""
+    from falkirk.runtime.runner import jobs_in_group
+
     spark.sparkContext.setJobGroup(group, group)
     try:
         out = action()
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
-    return out, len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+    return out, jobs_in_group(spark, group)
 
 
 def test_a_version_is_read_from_the_files_its_log_lists_as_delta_spark_reads_it(spark,
@@ -153,12 +159,12 @@ def test_a_version_is_read_from_the_files_its_log_lists_as_delta_spark_reads_it(
                              range(1, 3)).values()
     for version in [0, *versions]:
         df = read_version(spark, uri, version)
-        by_delta = spark.read.format("delta").option("versionAsOf", version).load(uri)
+        by_delta = by_delta_spark(spark, uri, version)
         assert df.schema.simpleString() == by_delta.schema.simpleString()
         assert sorted(df.collect()) == sorted(by_delta.collect()), version
     rows, jobs = jobs_of(spark, "read-by-files", read_version(spark, uri, versions[-1]).collect)
-    _, delta_jobs = jobs_of(spark, "read-by-delta-spark", spark.read.format("delta").option(
-        "versionAsOf", versions[-1]).load(uri).collect)
+    _, delta_jobs = jobs_of(spark, "read-by-delta-spark",
+                            by_delta_spark(spark, uri, versions[-1]).collect)
     assert len(rows) == 3 * ROWS and jobs == 1 and delta_jobs > 1, (jobs, delta_jobs)
 
 

@@ -124,6 +124,7 @@ def compare_reads(spark, uri: str, newest: int) -> dict[str, float]:
     """Versions 1..``newest`` of ``uri`` each read whole (a count) by delta-spark's
     ``versionAsOf`` and by ``read_version``; per read: mean seconds and Spark jobs."""
     from falkirk.io.delta import read_version, spark_uri
+    from falkirk.runtime.runner import jobs_in_group
 
     ways = {
         "versionAsOf": lambda v: spark.read.format("delta").option("versionAsOf", v).load(
@@ -132,7 +133,6 @@ def compare_reads(spark, uri: str, newest: int) -> dict[str, float]:
     }
     seconds = dict.fromkeys(ways, 0.0)
     jobs = dict.fromkeys(ways, 0)
-    tracker = spark.sparkContext.statusTracker()
     for i, version in enumerate(range(1, newest + 1)):
         counts = set()
         for name in (list(ways) if i % 2 == 0 else list(reversed(ways))):
@@ -141,7 +141,7 @@ def compare_reads(spark, uri: str, newest: int) -> dict[str, float]:
             t0 = time.perf_counter()
             counts.add(ways[name](version).count())
             seconds[name] += time.perf_counter() - t0
-            jobs[name] += len(tracker.getJobIdsForGroup(group))
+            jobs[name] += jobs_in_group(spark, group)
         assert len(counts) == 1, f"version {version} read differently: {counts}"
     spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
     out = {}
