@@ -489,12 +489,14 @@ def test_the_watch_defers_to_a_trigger_that_ends_it_on_a_death(tmp_path, monkeyp
         procs.record_job_process(pipeline, "jobs/serve.py", serve.pid,
                                  procs.process_started(serve.pid), ["sleep", "300"])
         _job_ended(pipeline, "jobs/serve.py", "started", None)
-        sensor = supervisor.StreamsSensor(task_id="watch", pipeline="reference")
+        sensor = supervisor.StreamsSensor(task_id="watch", pipeline="reference",
+                                          recover_here=False)
         with pytest.raises(TaskDeferred) as deferred:
             sensor.execute({})
         trigger = deferred.value.trigger
         assert trigger.serialize() == ("falkirk.airflow.supervisor.StreamDeathTrigger",
-                                       {"pipeline": "reference", "interval_s": 1.0})
+                                       {"pipeline": "reference", "interval_s": 1.0,
+                                        "recover": False, "run_id": ""})
 
         async def watch() -> tuple[bool, dict]:
             events = trigger.run()
@@ -550,6 +552,94 @@ def test_recover_looks_up_the_dead_jobs_itself_not_in_the_watchs_xcom(sandbox, m
     assert [r["status"] for r in rollbacks] == ["started", "done"]
     assert rollbacks[-1]["request"]["failed"] == ["ingest"]
     assert "jobs/ingest.py" in started and out["restarted"]
+
+
+def test_the_watchs_trigger_recovers_each_death_itself_and_watches_on(sandbox, monkeypatch):
+    """With ``recover_in_trigger`` a death is rolled back and its job restarted in the
+    triggerer, and the trigger keeps watching: no task process, DAG parse or scheduler
+    on the recovery's path (the ``recover`` task's path took 3 s idle and 10-50 s under
+    the fault campaign's load). Two deaths in a row are recovered with no event; the
+    run's Rollback plan tab finds their plans in the epoch log. When a recovery fails
+    here, the trigger ends the watch so that the ``recover`` task takes over."""
+    import asyncio
+    import subprocess
+
+    from airflow.sdk.exceptions import TaskDeferred
+    from airflow.triggers.base import TaskSuccessEvent
+
+    from falkirk.airflow import streams, supervisor
+    from falkirk.airflow.ui import watch_plans
+    from falkirk.log.epochlog import EpochLog
+    from falkirk.model.topology import load_pipeline
+    from falkirk.recovery import rollback
+    from falkirk.runtime import procs
+
+    pipeline = load_pipeline("reference")
+    log = EpochLog.from_config(sandbox)
+    for job in streams.stream_jobs(pipeline):
+        _job_ended(pipeline, job, "finished", 0)
+    jobs: list[subprocess.Popen] = []
+
+    def launch(pipe, job, args=None, cfg=None, env=None):  # a live stand-in for the job
+        proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        jobs.append(proc)
+        procs.record_job_process(pipe, job, proc.pid, procs.process_started(proc.pid),
+                                 ["sleep", "300"])
+        _job_ended(pipe, job, "started", None)
+        return proc
+
+    monkeypatch.setattr(procs, "start_job", launch)
+    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions, cfg=None: [])
+    monkeypatch.setattr(streams, "rerun_batch_epochs", lambda pipe, inv, cfg=None: {})
+    run_id = "scheduled__2026-12-03T14:00:00+00:00"
+    try:
+        launch(pipeline, "jobs/ingest.py")
+        sensor = supervisor.StreamsSensor(task_id="watch", pipeline="reference",
+                                          recover_here=True)
+        with pytest.raises(TaskDeferred) as deferred:
+            sensor.execute({"run_id": run_id})
+        trigger = deferred.value.trigger
+        assert trigger.serialize()[1] == {"pipeline": "reference", "interval_s": 1.0,
+                                          "recover": True, "run_id": run_id}
+
+        def done_rollbacks() -> int:
+            return sum(r["status"] == "done" for r in log.rollbacks("reference"))
+
+        async def watch():
+            events = trigger.run()
+            nxt = asyncio.ensure_future(anext(events))
+            for n in (1, 2):  # kill the job that runs; wait for its recovery
+                jobs[-1].kill()
+                jobs[-1].wait()
+                deadline = asyncio.get_running_loop().time() + 60
+                while done_rollbacks() < n or len(jobs) < n + 1:
+                    assert not nxt.done(), "the trigger ended the watch on a recovery"
+                    assert asyncio.get_running_loop().time() < deadline, "not recovered"
+                    await asyncio.sleep(0.2)
+            await asyncio.sleep(2.5)  # two more looks: the restarted job runs
+            assert not nxt.done()
+
+            def refuse(self, request, progress=None, confirmed=None):
+                raise rollback.RollbackError("a rollback of pipeline 'reference' is "
+                                             "already running")
+
+            monkeypatch.setattr(rollback.RollbackExecutor, "run", refuse)
+            jobs[-1].kill()
+            jobs[-1].wait()
+            return await asyncio.wait_for(nxt, timeout=30)
+
+        event = asyncio.run(watch())
+    finally:
+        for proc in jobs:
+            proc.kill()
+            proc.wait()
+    assert isinstance(event, TaskSuccessEvent)  # the recover task takes over
+    rollbacks = [r for r in log.rollbacks("reference") if r["status"] == "done"]
+    assert [r["request"]["failed"] for r in rollbacks] == [["ingest"], ["ingest"]]
+    assert len(jobs) == 3  # the first job and its two restarts
+    plans = watch_plans(STREAMS, run_id)
+    assert [p["rollback_id"] for _, p in plans] == [r["rollback_id"] for r in rollbacks]
+    assert watch_plans(STREAMS, "another run") == [] and watch_plans(ROLLBACK, run_id) == []
 
 
 def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):

@@ -71,6 +71,12 @@ class Config:
     # job every second (bin/airflow runs a triggerer). False: an Airflow without one; the
     # watch then pokes in reschedule mode every 30 s, which adds to every detection.
     watch_deferred: bool = True
+    # The deferred watch's trigger also recovers: on a death it rolls the dead jobs'
+    # regions back and restarts them in the triggerer, then watches on. A recovery then
+    # waits for no scheduling, task process or DAG parse (the ``recover`` task's path:
+    # 3 s idle, 10-50 s under the fault campaign's load), and not for a scheduler that
+    # died with the job. False: the trigger only ends the watch and ``recover`` does it.
+    recover_in_trigger: bool = True
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""

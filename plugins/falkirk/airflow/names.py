@@ -11,6 +11,12 @@ def streams(pipeline: str) -> str:
     return f"falkirk_{pipeline}_streams"
 
 
+def streams_pipeline(dag_id: str) -> str | None:
+    """The pipeline whose streams DAG ``dag_id`` is (None for another DAG)."""
+    name = dag_id.removeprefix("falkirk_").removesuffix("_streams")
+    return name if name and streams(name) == dag_id else None
+
+
 def stream_checks(pipeline: str) -> str:
     """Checks the streaming regions' epochs as they commit (beside the supervisor)."""
     return f"falkirk_{pipeline}_stream_checks"

@@ -49,6 +49,22 @@ def run_plans(dag_id: str, run_id: str, session: Any) -> list[tuple[str, dict]]:
     return found
 
 
+def watch_plans(dag_id: str, run_id: str) -> list[tuple[str, dict]]:
+    """("watch", plan JSON) of every rollback the watch's trigger carried out in this run
+    of a streams DAG, oldest first: it recovers in the triggerer and pushes no XCom, so
+    they are read from the epoch log (their reason names the run)."""
+    from falkirk.airflow.names import streams_pipeline
+    from falkirk.airflow.supervisor import watch_by
+    from falkirk.log.epochlog import EpochLog
+
+    pipeline = streams_pipeline(dag_id)
+    if pipeline is None:
+        return []
+    by = f"({watch_by(run_id)})"
+    return [("watch", r["plan"]) for r in EpochLog.from_config().rollbacks(pipeline)
+            if r["status"] == "done" and by in (r["request"].get("reason") or "")]
+
+
 def page(dag_id: str, run_id: str, plans: list[tuple[str, dict]]) -> str:
     """The HTML of the tab: the newest plan, or why there is none."""
     from falkirk.airflow.render import plan_html
@@ -58,12 +74,13 @@ def page(dag_id: str, run_id: str, plans: list[tuple[str, dict]]) -> str:
     if not plans:
         body = (f"<p class='muted'>Run <code>{e(run_id)}</code> of <code>{e(dag_id)}</code> "
                 "has no rollback plan (yet): the plan appears here once the rollback DAG's "
-                "<code>plan</code> task, or the supervisor's <code>recover</code> task, "
-                "has run.</p>")
+                "<code>plan</code> task, or the supervisor's <code>watch</code> or "
+                "<code>recover</code> task, has rolled back.</p>")
     else:
         task_id, plan = plans[-1]
         label = {"plan": "planned", "roll_back": "carried out",
-                 "recover": "carried out by the supervisor"}[task_id]
+                 "recover": "carried out by the supervisor",
+                 "watch": "carried out by the supervisor's watch, in the triggerer"}[task_id]
         body = (f"<p class='muted'>From task <code>{e(task_id)}</code> ({label}).</p>"
                 + plan_html(plan, load_pipeline(plan["pipeline"])))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Rollback plan</title>"
@@ -77,4 +94,5 @@ app = FastAPI(title="falkirk", description="falkirk's pages inside the Airflow U
          dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.XCOM))])
 def plan_page(dag_id: str, run_id: str, session: SessionDep) -> HTMLResponse:
     """The run's rollback plan as a page (table and region graph)."""
-    return HTMLResponse(page(dag_id, run_id, run_plans(dag_id, run_id, session)))
+    plans = run_plans(dag_id, run_id, session) or watch_plans(dag_id, run_id)
+    return HTMLResponse(page(dag_id, run_id, plans))
