@@ -33,7 +33,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import partial, reduce
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -248,6 +248,7 @@ class JobRunner:
         # split, in the unit Spark's scheduler pays a fixed cost for.
         self.spark_jobs: dict[str, int] = {}
         self._group, self._jobs_seen = "", 0
+        self._jobs_aside = 0  # Spark jobs of an epoch's commits, in job groups of their own
         self.epoch_jobs: list[int] = []  # Spark jobs of each epoch, in order
         self.logic = logic
         self.spark = spark
@@ -504,13 +505,14 @@ class JobRunner:
 
     def process_epoch(self, e: int, where: dict) -> None:
         from falkirk.io.delta import read_appends, read_version
-        from falkirk.io.kafka import ensure_topics, produce, read_range
+        from falkirk.io.kafka import read_range
 
         started = time.monotonic()
         active = {r for r in self.regions if self.done[r] < e}
         self._group = name_spark_jobs(self.spark, self.pipeline.name, active, e,
                                       self.generation)
         self._jobs_seen = jobs_before_epoch = jobs_in_group(self.spark, self._group)
+        self._jobs_aside = 0
         profile_before, jobs_before = dict(self.profile), dict(self.spark_jobs)
         # A region that restarted from a checkpoint older than epochs it already committed
         # (and no rollback invalidated) redoes them for its state only: their outputs are
@@ -560,53 +562,48 @@ class JobRunner:
         result = self.logic.process(ctx)
         t = self._spent("process", t)
 
+        # The epoch's commits (Delta outputs, Kafka sends, checkpoints) go to different
+        # tables and topics: they run side by side (:meth:`_side_by_side`), each commit's
+        # fixed cost (Delta's log work, its small Spark jobs) overlapping the others'.
+        # A region's dead letters come last: they take the rows its other outputs refused.
         outputs: dict[str, dict[str, Any]] = {r: {} for r in self.regions}
+        refused: dict[str, list[Any]] = {r: [] for r in self.regions}
+        first: list[tuple[str, Callable[[], Any]]] = []
+        last: list[tuple[str, Callable[[], Any]]] = []
         for r in sorted(active):
             if r in redo:  # its outputs of this epoch are live already
                 outputs[r] = dict(redo[r].outputs or {})
                 continue
-            committed: dict[str, int] = {}  # table -> version (edges may share a table)
             dead = self.pipeline.dead_letter_edge(r)
-            refused: list[Any] = []  # rows other outputs refused, for the dead letters
-            for edge in sorted(self.pipeline.out_edges(r), key=lambda x: x == dead):
-                if edge.kind == "unlogged":
-                    continue
-                df = result.outputs.get(edge.name, result.outputs.get(edge.table))
-                if df is None and edge.table not in committed:
-                    raise RuntimeFailure(f"job {type(self.logic).__name__} produced nothing for "
-                                         f"edge {edge.name!r} of region {r!r} in epoch {e}")
-                if edge == dead and refused:
-                    df = reduce(lambda a, b: a.unionByName(b), refused, df)
+            tables: dict[str, list[EdgeSpec]] = {}  # table -> its edges (edges may share one)
+            for edge in self.pipeline.out_edges(r):
                 if edge.kind == "delta":
-                    if edge.table not in committed:
-                        committed[edge.table] = (
-                            self._commit(r, edge, df, e, refused if dead and edge != dead
-                                         else None)
-                            if self.persist else _materialize(df))
-                    outputs[r][edge.name] = {"table": edge.table,
-                                             "version": committed[edge.table]}
-                    t = self._spent(f"write {r}", t)
-                else:
-                    if edge.topic not in self.topics_made:  # not a broker's auto-creation
-                        broker_retry(ensure_topics)(self.cfg.kafka_bootstrap,
-                                                    {edge.topic: edge.partitions}, outputs=True)
-                        self.topics_made.add(edge.topic)
-                    outputs[r][edge.name] = {"topic": edge.topic,
-                                             "records": produce(
-                                                 df, self.cfg.kafka_bootstrap, edge.topic,
-                                                 self._headers(r, e))}
-                    t = self._spent(f"send {r}", t)
-        rows = []
+                    tables.setdefault(edge.table, []).append(edge)
+                elif edge.kind == "kafka":
+                    first.append((f"send {r}", partial(
+                        self._send, r, edge, self._output(result, r, edge, e), e, outputs)))
+            for edges in tables.values():
+                edge = next((x for x in edges if result.outputs.get(x.name) is not None),
+                            edges[0])
+                is_dead = dead is not None and edge.table == dead.table
+                (last if is_dead else first).append((f"write {r}", partial(
+                    self._write, r, edges, self._output(result, r, edge, e), e, outputs,
+                    refused[r], dead is not None, is_dead)))
+        state_refs: dict[str, str] = {}
         for r in sorted(active):
             spec = self.pipeline.regions[r]
-            status, state_ref = "committed", None
             if spec.keeps_state:
                 self.state[r] = result.state.get(r, self.state.get(r))
                 due = spec.regime_rules.checkpoint_due(spec, e)
                 if due and self.persist and not (r in redo and redo[r].status == "checkpointed"):
-                    state_ref = self._checkpoint(r, e)
-                    status = "checkpointed"
-                    t = self._spent(f"checkpoint {r}", t)
+                    first.append((f"checkpoint {r}", partial(self._checkpoint, r, e,
+                                                             state_refs)))
+        t = self._side_by_side(first, t)
+        t = self._side_by_side(last, t)
+        rows = []
+        for r in sorted(active):
+            state_ref = state_refs.get(r)
+            status = "committed" if state_ref is None else "checkpointed"
             if r in redo and state_ref is None:  # nothing new to say about this epoch
                 self.done[r] = e
                 continue
@@ -631,7 +628,7 @@ class JobRunner:
         self.timings.append((e, seconds, time.time(), counts))
         # as of the last phase (Spark's status store is fed asynchronously: a later look
         # could count a job no phase did)
-        self.epoch_jobs.append(self._jobs_seen - jobs_before_epoch)
+        self.epoch_jobs.append(self._jobs_seen - jobs_before_epoch + self._jobs_aside)
         log.info("epoch %d done by %s in %.1f s (%d Spark jobs; %s)", e,
                  "+".join(sorted(active)), seconds, self.epoch_jobs[-1],
                  epoch_profile(self.profile, profile_before, self.spark_jobs, jobs_before))
@@ -646,6 +643,86 @@ class JobRunner:
                 f"pipeline {self.pipeline.name!r}, job {'+'.join(self.regions)} (generation "
                 f"{self.generation}): a rollback to generation {newer} fenced it; epoch {e} "
                 "is not recorded")
+
+    def _output(self, result: EpochResult, region: str, edge: EdgeSpec, e: int) -> Any:
+        """The DataFrame a job produced for an output edge (by edge, else by its table)."""
+        df = result.outputs.get(edge.name)
+        if df is None and edge.kind == "delta":
+            df = result.outputs.get(edge.table)
+        if df is None:
+            raise RuntimeFailure(f"job {type(self.logic).__name__} produced nothing for "
+                                 f"edge {edge.name!r} of region {region!r} in epoch {e}")
+        return df
+
+    def _write(self, region: str, edges: list[EdgeSpec], df: Any, e: int,
+               outputs: dict[str, dict[str, Any]], refused: list[Any], has_dead: bool,
+               is_dead: bool) -> None:
+        """Commit one Delta table of the region's epoch; every edge on it gets its version.
+        The dead-letter table also takes the rows the region's other tables refused."""
+        if is_dead and refused:
+            df = reduce(lambda a, b: a.unionByName(b), refused, df)
+        version = (self._commit(region, edges[0], df, e,
+                                refused if has_dead and not is_dead else None)
+                   if self.persist else _materialize(df))
+        for edge in edges:
+            outputs[region][edge.name] = {"table": edge.table, "version": version}
+
+    def _send(self, region: str, edge: EdgeSpec, df: Any, e: int,
+              outputs: dict[str, dict[str, Any]]) -> None:
+        """Produce the region's epoch to an output topic (acks=all: a failed send raises)."""
+        from falkirk.io.kafka import ensure_topics, produce
+
+        if edge.topic not in self.topics_made:  # not a broker's auto-creation
+            broker_retry(ensure_topics)(self.cfg.kafka_bootstrap,
+                                        {edge.topic: edge.partitions}, outputs=True)
+            self.topics_made.add(edge.topic)
+        outputs[region][edge.name] = {"topic": edge.topic, "records": produce(
+            df, self.cfg.kafka_bootstrap, edge.topic, self._headers(region, e))}
+
+    def _side_by_side(self, tasks: list[tuple[str, Callable[[], Any]]], since: float
+                      ) -> float:
+        """Run ``(phase, task)`` pairs at once, each in a thread of its own; now.
+
+        Each task's Spark jobs run in a job group of their own (``<epoch group>|<i>:<phase>``,
+        local properties are per thread), so its seconds and Spark jobs still go to its
+        phase in the profile (phases then overlap: their seconds add up to more than the
+        epoch's). When one fails, the others are let finish, then the first failure is
+        raised: no commit is left running behind the job's exit."""
+        if not tasks:
+            return since
+        if len(tasks) == 1:  # nothing to overlap: in this thread, as before
+            phase, task = tasks[0]
+            task()
+            return self._spent(phase, since)
+        from concurrent.futures import ThreadPoolExecutor
+
+        from pyspark import inheritable_thread_target
+
+        group = self._group
+
+        def run(i: int, phase: str, task: Callable[[], Any]) -> tuple[float, int]:
+            sub = f"{group}|{i}:{phase}"
+            self.spark.sparkContext.setJobGroup(sub, f"{sub}")
+            t0 = time.monotonic()
+            task()
+            return time.monotonic() - t0, jobs_in_group(self.spark, sub)
+
+        with ThreadPoolExecutor(len(tasks), thread_name_prefix="falkirk-commit") as pool:
+            futures = [(phase, pool.submit(inheritable_thread_target(self.spark)(run),
+                                           i, phase, task))
+                       for i, (phase, task) in enumerate(tasks)]
+            errors = [f.exception() for _, f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]
+        for phase, f in futures:
+            seconds, jobs = f.result()
+            self.profile[phase] = self.profile.get(phase, 0.0) + seconds
+            self.spark_jobs[phase] = self.spark_jobs.get(phase, 0) + jobs
+            self._jobs_aside += jobs
+        now = time.monotonic()
+        self.profile["commits side by side"] = (self.profile.get("commits side by side", 0.0)
+                                               + now - since)
+        return now
 
     def _headers(self, region: str, e: int) -> dict[str, str]:
         from falkirk.io.kafka import EPOCH_HEADER, GENERATION_HEADER, REGION_HEADER
@@ -681,11 +758,12 @@ class JobRunner:
             raise RuntimeFailure(f"{edge.table}: epoch {e} marked committed but not found")
         return version
 
-    def _checkpoint(self, region: str, e: int) -> str:
+    def _checkpoint(self, region: str, e: int, refs: dict[str, str]) -> None:
+        """Save the region's state of epoch ``e``; ``refs[region]`` names the checkpoint."""
         frame = self.logic.state_to_frame(region, self.state[region])
         self.checkpoint_store(region).save_frame(e, frame, self.state_frames.get(region))
         self.state_frames[region] = frame
-        return f"checkpoint:{e}"
+        refs[region] = f"checkpoint:{e}"
 
     def close(self) -> None:
         """Close the Kafka cuts and let go of the state frames (their checkpointed blocks):
