@@ -188,6 +188,7 @@ class AirflowDemo:
         self._skipped: set[str] = set()
         self._labels: dict[str, dict[str, int]] = {}
         self.killed_at: datetime | None = None
+        self.rollbacks_before = 0  # finished rollbacks in the epoch log before the kill
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -468,6 +469,9 @@ class AirflowDemo:
         from falkirk.runtime import procs
         info = self.job_info()
         pgid = info["pgid"]
+        # (counted before the kill: the watch's trigger may roll back within a second)
+        self.rollbacks_before = sum(r["status"] == "done" for r in
+                                    self.run.log.rollbacks(self.run.pipeline.name))
         os.killpg(pgid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while procs.group_alive(pgid) and time.monotonic() < deadline:
@@ -477,46 +481,45 @@ class AirflowDemo:
                  f"middle of epoch {epoch}", event=True)
 
     def until_recovered(self, run_id: str, killed_at: float) -> dict:
-        """The supervisor's watch notices, recover rolls back and restarts: the plan."""
-        watch_seen = False
+        """The supervisor notices the death and rolls back: its watch's trigger does it in
+        the triggerer (``recover_in_trigger``), or its ``recover`` task when that is off or
+        the trigger's recovery failed. Done when the epoch log has a finished rollback,
+        made since the kill, that names the killed region as failed: its plan."""
+        before = self.rollbacks_before
 
-        def recovered(p):
-            nonlocal watch_seen
-            tasks = p["supervisor_tasks"].get(run_id)
-            if tasks is None:  # the run ended: read its tasks once more
-                tasks = self.api.tasks(SUPERVISOR, run_id)
-            if not watch_seen and tasks["watch"]["state"] == "success":
-                watch_seen = True
-                self.timings["kill → watch saw it"] = time.monotonic() - killed_at
-                dead = self.api.xcom(SUPERVISOR, run_id, "watch")
-                self.log(f"supervisor: watch saw the death after "
-                         f"{self.timings['kill → watch saw it']:.0f} s: {dead}", event=True)
-            if tasks["recover"]["state"] == "success":
-                return tasks
-            return None
+        def rolled_back(p):
+            done = [r for r in self.run.log.rollbacks(self.run.pipeline.name)
+                    if r["status"] == "done"][before:]
+            return next((r for r in done if KILLED_REGION in (r["request"].get("failed")
+                                                              or [])), None)
 
-        self.wait("waiting for the supervisor to notice (its watch is deferred to the "
-                  "triggerer) and recover…", recovered, interval=3, airflow_every=3)
+        row = self.wait("waiting for the supervisor to notice (its watch is deferred to the "
+                        "triggerer) and roll back…", rolled_back, interval=1, airflow_every=3)
+        self.timings["kill → rolled back"] = time.monotonic() - killed_at
         self.recover_run = run_id
-        result = self.api.xcom(SUPERVISOR, run_id, "recover") or {}
-        plan = self.api.xcom(SUPERVISOR, run_id, "recover", key="plan")
-        rollbacks = [r for r in self.run.log.rollbacks(self.run.pipeline.name)
-                     if r["status"] == "done"]
-        if not rollbacks:
-            raise DemoError("recover succeeded but the epoch log records no finished "
-                            "rollback")
-        logged = rollbacks[-1]["plan"]
-        if plan is None:
-            self.notes.append("the recover task's plan XCom could not be read through the "
-                              "REST API; the plan shown is the epoch log's")
-            plan = logged
-        elif plan.get("rollback_id") != logged.get("rollback_id"):
-            self.notes.append(f"the recover task's plan ({plan.get('rollback_id')}) is not "
-                              f"the epoch log's last rollback ({logged.get('rollback_id')})")
+        plan = row["plan"]
+        from falkirk.airflow.supervisor import watch_by
+
+        by_watch = f"({watch_by(run_id)})" in (row["request"].get("reason") or "")
+        if by_watch:
+            who = "its watch, in the triggerer,"
+        else:  # the recover task: its XCom says what it restarted
+            def recover_done(p):
+                tasks = p["supervisor_tasks"].get(run_id) or self.api.tasks(SUPERVISOR, run_id)
+                return tasks if tasks["recover"]["state"] == "success" else None
+
+            tasks = self.wait("waiting for the supervisor's recover task…", recover_done,
+                              interval=3, airflow_every=3)
+            xcom = self.api.xcom(SUPERVISOR, run_id, "recover", key="plan")
+            if xcom is not None and xcom.get("rollback_id") != plan["rollback_id"]:
+                self.notes.append(f"the recover task's plan ({xcom.get('rollback_id')}) is "
+                                  f"not the epoch log's ({plan['rollback_id']})")
+            who = f"its recover task ({tasks['recover']['state']})"
         frontiers = {r: f for r, f in plan["frontiers"].items() if f != "top"}
-        self.log(f"supervisor: recover rolled back ({plan['rollback_id']}, generation "
-                 f"{plan['generation']}, frontiers {frontiers or 'all ⊤'}) and restarted "
-                 f"{result.get('restarted')}", event=True)
+        self.log(f"supervisor: {who} rolled back {self.timings['kill → rolled back']:.0f} s "
+                 f"after the kill ({plan['rollback_id']}, generation {plan['generation']}, "
+                 f"frontiers {frontiers or 'all ⊤'}) and restarted the jobs it stopped",
+                 event=True)
         return plan
 
     def until_committed_again(self, generation: int, killed_at: float) -> None:
