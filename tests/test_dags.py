@@ -642,6 +642,34 @@ def test_the_watchs_trigger_recovers_each_death_itself_and_watches_on(sandbox, m
     assert watch_plans(STREAMS, "another run") == [] and watch_plans(ROLLBACK, run_id) == []
 
 
+def test_a_job_failing_on_its_own_after_each_restart_is_recovered_ever_later():
+    """The trigger recovers within a second; a job that cannot start (it fails on its own
+    each time) would make a rollback and a new generation every few seconds. The first
+    failure is recovered at once, each next one in a row waits twice as long (capped);
+    a kill, or a failure long after the last restart, is recovered at once again."""
+    from falkirk.airflow.supervisor import RestartBackoff
+
+    now = [0.0]
+    b = RestartBackoff(first_s=2.0, max_s=10.0, reset_s=300.0, clock=lambda: now[0])
+    waits = []
+    for _ in range(6):
+        waits.append(b.delay({"jobs/ingest.py"}))
+        b.restarting(["jobs/ingest.py"], {"jobs/ingest.py"})
+        now[0] += 5.0  # it fails 5 s after each restart
+    assert waits == [0.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert b.delay(set()) == 0.0  # killed, not failed: at once
+    b.restarting(["jobs/ingest.py"], set())  # and its run of failures ends
+    now[0] += 5.0
+    assert b.delay({"jobs/ingest.py"}) == 0.0
+    b.restarting(["jobs/ingest.py"], {"jobs/ingest.py"})
+    now[0] += 5.0
+    assert b.delay({"jobs/ingest.py"}) == 2.0
+    b.restarting(["jobs/ingest.py"], {"jobs/ingest.py"})
+    now[0] += 301.0  # long after its last restart: a new count
+    assert b.delay({"jobs/ingest.py"}) == 0.0
+    assert b.delay({"jobs/serve.py"}) == 0.0  # another job's first failure
+
+
 def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):
     """No job runs in the sandbox, so nothing is stopped and no batch epoch reruns
     (communities alone goes back): plan, roll back, resume and validate for real. The job

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -112,6 +113,48 @@ def dead_or_finished(pipeline: Pipeline) -> dict[str, list[str]]:
     return dead
 
 
+class RestartBackoff:
+    """How long the trigger waits before recovering jobs that failed on their own (their
+    ``failed`` row: they exited non-zero, nobody killed them). The first such failure is
+    recovered at once; each further one within :attr:`reset_s` of the job's last restart
+    waits twice as long as the one before (``first_s``, doubling, at most ``max_s``): a job
+    that cannot start must not make a rollback and a new generation every second. A job
+    killed (no end row) is recovered at once, whatever came before."""
+
+    def __init__(self, first_s: float = 2.0, max_s: float = 60.0, reset_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.first_s, self.max_s, self.reset_s, self.clock = first_s, max_s, reset_s, clock
+        self.failures: dict[str, int] = {}  # job -> failures on its own in a row
+        self.restarted: dict[str, float] = {}  # job -> when it was last restarted
+
+    def delay(self, failed: set[str]) -> float:
+        """Seconds to wait before restarting, ``failed`` being the dead jobs that failed
+        on their own (the others count as killed: their run of failures ends)."""
+        now, wait = self.clock(), 0.0
+        for job in failed:
+            last = self.restarted.get(job)
+            again = last is not None and now - last < self.reset_s
+            n = self.failures[job] = self.failures.get(job, 0) + 1 if again else 1
+            if n > 1:
+                wait = max(wait, min(self.first_s * 2 ** (n - 2), self.max_s))
+        return wait
+
+    def restarting(self, jobs: list[str], failed: set[str]) -> None:
+        """``jobs`` are restarted now; those not in ``failed`` start a new count."""
+        for job in jobs:
+            self.restarted[job] = self.clock()
+            if job not in failed:
+                self.failures.pop(job, None)
+
+
+def failed_on_their_own(pipeline: Pipeline, jobs: set[str]) -> set[str]:
+    """Those of ``jobs`` whose latest row in the log of job runs is their own failure."""
+    from falkirk.log.epochlog import EpochLog
+
+    runs = EpochLog.from_config().job_runs(pipeline.name)
+    return {job for job in jobs if (runs.get(job) or {}).get("status") == "failed"}
+
+
 def watch_by(run_id: str) -> str:
     """Who asked, in the reason of a rollback the watch's trigger carries out: it names the
     streams run, so the run's Rollback plan tab finds it in the epoch log (a trigger that
@@ -129,9 +172,11 @@ class StreamDeathTrigger(BaseTrigger):
     no scheduling, no task process that parses the DAG file first (3 s idle, 10-50 s under
     the fault campaign's load), no wait for a scheduler that died with the job. The
     rollback holds the pipeline's lease like any other, and one that crashes here is
-    resumed by the next. Should the recovery fail, the trigger ends the watch and the
-    ``recover`` task, with its retries, takes over. Without ``recover`` it ends the watch
-    on the first death (``TaskSuccessEvent``: no worker resumes it) for ``recover``."""
+    resumed by the next. A job that keeps failing on its own right after its restarts is
+    recovered after a growing delay (:class:`RestartBackoff`). Should the recovery fail,
+    the trigger ends the watch and the ``recover`` task, with its retries, takes over.
+    Without ``recover`` it ends the watch on the first death (``TaskSuccessEvent``: no
+    worker resumes it) for ``recover``."""
 
     def __init__(self, pipeline: str, interval_s: float = WATCH_INTERVAL_S,
                  recover: bool = False, run_id: str = ""):
@@ -148,6 +193,7 @@ class StreamDeathTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         pipeline = await asyncio.to_thread(load_pipeline, self.pipeline)  # once, not per look
+        backoff = RestartBackoff()
         while True:
             dead = await asyncio.to_thread(dead_or_finished, pipeline)
             if dead:
@@ -155,6 +201,12 @@ class StreamDeathTrigger(BaseTrigger):
                 if not self.recover:
                     yield TaskSuccessEvent()  # recover looks again: no XCom (see there)
                     return
+                failed = await asyncio.to_thread(failed_on_their_own, pipeline, set(dead))
+                wait = backoff.delay(failed)
+                if wait:
+                    self.log.warning("%s failed on its own again soon after its restart: "
+                                     "recovering it in %.0f s", sorted(failed), wait)
+                    await asyncio.sleep(wait)
                 try:
                     out = await asyncio.to_thread(roll_back_and_restart, pipeline, dead,
                                                   watch_by(self.run_id), self.log.info)
@@ -163,6 +215,7 @@ class StreamDeathTrigger(BaseTrigger):
                                        "watch, the recover task takes over", sorted(dead))
                     yield TaskSuccessEvent()
                     return
+                backoff.restarting(sorted(dead), failed)
                 self.log.info("recovered %s: rollback %s, restarted %s; watching on",
                               sorted(dead), out["rollback_id"], out["restarted"])
                 continue  # look again at once: another job may have died meanwhile
