@@ -70,7 +70,8 @@ def compare_with_plain(run, four_lake: Path, plain_lake: Path) -> dict[str, bool
 
 def per_region(runner) -> dict[str, float]:
     """Seconds per job part over the run: its transforms (``CompositeJob.seconds``) and
-    its regions' writes, sends and checkpoints (the runner's profile)."""
+    its regions' writes, sends and checkpoints (the runner's profile). An epoch's commits
+    run side by side, so the parts' seconds add up to more than the run's."""
     out = {}
     for key, seconds in runner.logic.seconds.items():
         regions = key.split(":", 1)[1].split("+")
