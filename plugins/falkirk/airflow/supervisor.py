@@ -242,8 +242,9 @@ class StreamsSensor(PipelineSensor):
         super().__init__(pipeline=pipeline, **kwargs)
         from falkirk.config import load
 
-        self.deferrable = load().watch_deferred if deferrable is None else deferrable
-        self.recover_here = load().recover_in_trigger if recover_here is None else recover_here
+        cfg = load()
+        self.deferrable = cfg.watch_deferred if deferrable is None else deferrable
+        self.recover_here = cfg.recover_in_trigger if recover_here is None else recover_here
         self.interval_s = interval_s
 
     def poke(self, context: Any) -> PokeReturnValue | bool:
