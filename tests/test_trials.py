@@ -58,17 +58,20 @@ def test_eligibility_per_phase(reference):
 
 
 def test_crash_points_name_the_chosen_epoch_and_table(reference):
-    # ingest commits purchases, interactions, dead_letters each epoch, in that order.
+    # ingest commits purchases and interactions side by side each epoch, then its dead
+    # letters (they take the rows the others refused).
     assert trials.delta_writes(reference, "jobs/ingest.py") == [
         ("ingest", "purchases"), ("ingest", "interactions"), ("ingest", "dead_letters")]
     t = trials.plan_trial(reference, 1, "ingest", "before-commit", 2)
     nth = {"purchases": 7, "interactions": 8, "dead_letters": 9}[t.table]
     assert t.crash_at == f"writer:before-commit@{nth}"
-    # serve's job: serve's table then stats' table, every epoch.
+    # serve's job: stats' table, then serve's dead letters (its only table), every epoch.
+    assert trials.delta_writes(reference, "jobs/serve.py") == [
+        ("stats", "query_stats"), ("serve", "query_dead_letters")]
     t = trials.plan_trial(reference, 1, "stats", "before-commit", 1)
-    assert (t.crash_at, t.table) == ("writer:before-commit@4", "query_stats")
+    assert (t.crash_at, t.table) == ("writer:before-commit@3", "query_stats")
     t = trials.plan_trial(reference, 1, "serve", "before-commit", 0)
-    assert t.crash_at == "writer:before-commit"
+    assert t.crash_at == "writer:before-commit@2"
     # Checkpoints: stats (eager) saves every epoch; communities (lazy, K=3) at epoch 2, 5…
     assert trials.plan_trial(reference, 1, "stats", "mid-checkpoint", 3).crash_at == \
         "checkpoint:before-save@4"

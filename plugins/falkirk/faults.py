@@ -4,7 +4,8 @@
 point (e.g. ``rollback:after-first-table``, ``writer:before-commit``);
 ``FALKIRK_CRASH_AT=<point>@<N>`` the N-th time this process reaches it (N ≥ 1), so a trial
 can crash a job in a chosen epoch: a job reaches ``writer:before-commit`` once per Delta
-table per epoch, in a fixed order. Nothing happens when the variable is unset, which is
+table per epoch (an epoch's tables are committed side by side, in no fixed order, but all
+of one epoch before any of the next). Nothing happens when the variable is unset, which is
 always the case outside the trials and tests.
 
 The points:
@@ -23,12 +24,14 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 POINTS = ("rollback:before-stop", "rollback:after-first-table", "writer:before-commit",
           "writer:after-commit", "checkpoint:before-save")
 ENV = "FALKIRK_CRASH_AT"
 
 _reached: dict[str, int] = {}  # point -> times this process reached it
+_counting = threading.Lock()  # an epoch's commits reach their points from several threads
 
 
 def parse(value: str) -> tuple[str, int]:
@@ -60,6 +63,8 @@ def maybe_crash(point: str) -> None:
     target, nth = parse(value)
     if target != point:
         return
-    _reached[point] = _reached.get(point, 0) + 1
-    if _reached[point] == nth:
+    with _counting:
+        _reached[point] = _reached.get(point, 0) + 1
+        now = _reached[point] == nth
+    if now:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -82,7 +82,9 @@ class Trial:
     epoch: int
     job: str
     crash_at: str | None = None  # FALKIRK_CRASH_AT of the job (before-commit, mid-checkpoint)
-    table: str | None = None  # before-commit: the table whose commit never happens
+    # before-commit: the table whose commit never happens (one of its round's: see
+    # delta_writes)
+    table: str | None = None
 
 
 def checkpoint_due(spec: RegionSpec, epoch: int) -> bool:
@@ -98,16 +100,20 @@ def job_regions(pipeline: Pipeline, job: str) -> list[str]:
 
 
 def delta_writes(pipeline: Pipeline, job: str) -> list[tuple[str, str]]:
-    """(region, table) in the order a job's epoch reaches ``writer:before-commit``: per
-    region (sorted), each Delta table of its out-edges once."""
-    out = []
+    """(region, table) in the order a job's epoch reaches ``writer:before-commit``: its
+    regions' tables (sorted by region, each once), then their dead-letter tables, which
+    take the rows the others refused. Tables of one round are committed side by side, so
+    within a round a crash at the k-th reach is before whichever table comes k-th."""
+    first, last = [], []
     for r in job_regions(pipeline, job):
+        dead = pipeline.dead_letter_edge(r)
         seen: set[str] = set()
         for edge in pipeline.out_edges(r):
             if edge.kind == "delta" and edge.table not in seen:
                 seen.add(edge.table)
-                out.append((r, edge.table))
-    return out
+                (last if dead is not None and edge.table == dead.table else first).append(
+                    (r, edge.table))
+    return first + last
 
 
 def checkpoint_saves(pipeline: Pipeline, job: str, epoch: int) -> list[str]:
