@@ -440,7 +440,9 @@ def test_airflow_settings_mirror_bin_airflow(services):
     same = ["AIRFLOW__CORE__EXECUTOR", "AIRFLOW__CORE__PARALLELISM",
             "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG", "AIRFLOW__CORE__LOAD_EXAMPLES",
             "AIRFLOW__CORE__AUTH_MANAGER", "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS",
-            "AIRFLOW__API__WORKERS", "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR"]
+            "AIRFLOW__API__WORKERS", "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD",
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL"]
     # Log folder and log-server ports: Airflow's defaults under AIRFLOW_HOME suit containers.
     not_needed = {"AIRFLOW__LOGGING__BASE_LOG_FOLDER", "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT",
                   "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"}
@@ -453,6 +455,8 @@ def test_airflow_settings_mirror_bin_airflow(services):
             want = exported[key]
             if want == "$executor":  # bin/airflow takes it from the profile (FALKIRK_ENV)
                 want = PROFILES[env["FALKIRK_ENV"]].airflow_executor
+            elif want.startswith("${"):  # ${VARIABLE:-default}: its default
+                want = _bin_airflow_default(key)
             assert env[key] == want, f"{name}: {key}={env[key]!r}, bin/airflow: {want!r}"
         assert env["AIRFLOW__API__SECRET_KEY"] == env["AIRFLOW__API_AUTH__JWT_SECRET"]
         api = urlparse(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])

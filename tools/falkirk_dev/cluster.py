@@ -90,7 +90,9 @@ POSTGRES_MAJOR, REDIS_VERSION = "15", "7.0"
 #: the task slots of each, and how long a worker may be silent before its task is failed
 #: and retried (a lost worker).
 CELERY_WORKERS, CELERY_CONCURRENCY, TASK_HEARTBEAT_TIMEOUT_S = 2, 2, 90
-ORPHANED_TASKS_CHECK_S = 20  # a lost scheduler's tasks reset this often (bin/airflow)
+#: A scheduler silent this long counts as dead, and its orphaned tasks are looked for this
+#: often: bin/airflow's values (its comment says why), for compose's one scheduler too.
+SCHEDULER_HEALTH_CHECK_S, ORPHANED_TASKS_CHECK_S = 12, 5
 
 
 class ClusterError(FalkirkError, RuntimeError):
