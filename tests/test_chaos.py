@@ -20,6 +20,10 @@ def test_a_short_campaign_loses_duplicates_and_sticks_nothing(golden, tmp_path):
     result = campaign(tmp_path, minutes=1.5, seed=2, data=INPUT, say=print, golden=golden)
     assert result["kills"] >= 1, result["events"]
     assert result["rollbacks"] >= 1 or set(result["kills_by_target"]) == {"broker"}
+    for kill in result["events"]:  # a recovery's parts (from the epoch log) add up to it
+        if "parts" in kill:
+            assert abs(sum(kill["parts"].values()) - kill["recovery_s"]) < 0.05, kill
+    assert any("parts" in kill for kill in result["events"]), result["events"]
     summary = {k: result[k] for k in ("lost", "duplicated", "stuck", "changed_on_resend",
                                       "outputs_differ")}
     assert summary == {"lost": 0, "duplicated": 0, "stuck": 0, "changed_on_resend": 0,
@@ -57,6 +61,10 @@ def test_under_airflow_kills_in_the_middle_of_a_recovery_are_recovered_too(golde
     assert second["at"] < first["at"] + first["recovery_s"]  # it came mid-recovery
     for kill in (first, second):
         assert kill.get("rollback_done_s", 0) <= kill["recovery_s"], kill
+    for kill in result["events"]:  # a recovery's parts (from the epoch log) add up to it
+        if "parts" in kill:
+            assert abs(sum(kill["parts"].values()) - kill["recovery_s"]) < 0.05, kill
+    assert any("parts" in kill for kill in result["events"]), result["events"]
     summary = {k: result[k] for k in ("lost", "duplicated", "stuck", "changed_on_resend",
                                       "outputs_differ")}
     assert summary == {"lost": 0, "duplicated": 0, "stuck": 0, "changed_on_resend": 0,
@@ -129,3 +137,50 @@ def test_a_kill_not_recovered_after_the_strikes_end_never_recovers(monkeypatch):
     assert c.stuck == 1
     assert chaos_airflow.RECOVERY_TIMEOUT_S < clock() - start < (
         chaos_airflow.RECOVERY_TIMEOUT_S + 2)
+
+
+def test_a_recoverys_parts_split_out_the_wait_for_an_upstream_region_it_did_not_hit():
+    """Where a serve kill's recovery went, from the epoch log: 3 s to the supervisor's
+    rollback, 9 s more to the restarted job's start row, then 18 s waiting for popularity
+    (not hit by the kill) to commit the epoch serve's first epoch reads (delay 1), then
+    6 s to the commit of serve and 1 s to stats' (its co-hosted region, fed by serve within
+    the epoch: no wait). A region the kill hit (here communities, moved by the same
+    rollback) is part of the recovery, never counted as waiting."""
+    from datetime import UTC, datetime, timedelta
+
+    from falkirk.log.epochlog import EpochRecord
+    from falkirk.model.topology import load_pipeline
+
+    pipe = load_pipeline("reference")
+    t0 = datetime(2026, 12, 4, tzinfo=UTC)
+
+    def rec(region, epoch, s, generation=5, status="committed"):
+        return EpochRecord("reference", region, epoch, generation, status,
+                           recorded_at=t0 + timedelta(seconds=s))
+
+    records = [rec("popularity", 8, -20, 4), rec("ingest", 9, -10, 4),
+               rec("communities", [9, "inf"], -5, 4, "checkpointed"),
+               rec("serve", 9, -2, 4), rec("stats", 9, -2, 4),
+               rec("popularity", 9, 30, 4), rec("serve", 10, 36), rec("stats", 10, 37)]
+    runs = [{"job": "jobs/serve.py", "status": "started", "generation": 5,
+             "recorded_at": t0 + timedelta(seconds=12)}]
+    kill = {"target": "job", "job": "jobs/serve.py", "regions": ["serve", "stats"],
+            "wall": t0, "generation": 5, "rollback_done_s": 3.0, "recovery_s": 37.0,
+            "watched": ["serve", "stats"]}
+    parts = chaos_airflow.recovery_parts(kill, records, runs, pipe)
+    assert parts == {"region": "stats", "epoch": 10, "waited_on": "popularity",
+                     "rollback_s": 3.0, "start_s": 9.0, "waited_s": 18.0, "work_s": 7.0}
+
+    # communities' late commit (the kill's rollback moved it too) is recovery, not waiting
+    moved = {**kill, "watched": ["communities", "serve", "stats"], "recovery_s": 40.0}
+    later = [*records[:5], rec("communities", [10, "inf"], 34, 5, "checkpointed"),
+             rec("serve", 11, 39), rec("stats", 11, 40)]
+    parts = chaos_airflow.recovery_parts(moved, later, runs, pipe)
+    assert parts["waited_s"] == 0.0 and parts["waited_on"] is None, parts
+    assert parts["work_s"] == 40.0 - 3.0 - 9.0, parts
+
+    # no rollback (a job killed before it started): nothing to split
+    assert chaos_airflow.recovery_parts({**kill, "recovery_s": None}, records, runs,
+                                        pipe) is None
+    no_rollback = {k: v for k, v in kill.items() if k != "generation"}
+    assert chaos_airflow.recovery_parts(no_rollback, records, runs, pipe) is None

@@ -27,6 +27,7 @@ than the jobs.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import random
@@ -285,6 +286,8 @@ class AirflowCampaign:
                 back = self._back(regions, generation, new, runs, kill["wall"]) >= regions
             if back:
                 kill["recovery_s"] = round(now - kill["at"], 2)
+                if kill["target"] != "broker":
+                    kill["watched"] = sorted(regions)
                 self.pending.remove(kill)
                 what = (f" (the supervisor's rollback after {kill['rollback_done_s']:.1f} s, "
                         f"generation {kill['generation']})" if "generation" in kill
@@ -301,6 +304,92 @@ class AirflowCampaign:
                          f"within {RECOVERY_TIMEOUT_S:.0f} s")
         if not self.recovering() and self.every_s is None:
             self.next_at = time.monotonic() + self._gap()
+
+
+def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
+                   pipeline) -> dict[str, Any] | None:
+    """Where one job kill's recovery went, from the epoch log after the run: the
+    supervisor's part (``rollback_s``: to its rollback done), the restarted job's start
+    (``start_s``: to its start row, the JVM and the Spark session), the time it then
+    waited for an input (``waited_s``: until the upstream regions the kill did not hit had
+    committed what the first epoch of its generation reads, when they had not yet: no
+    recovery, however fast, commits before its input is there) and the rest (``work_s``:
+    the restore, the epochs redone, the commit), over the regions it watched (the first
+    epoch each committed in the generation); None for a kill without a rollback or a
+    recovery. The wait may overlap the restore: the rest is then a lower bound."""
+    from falkirk.runtime.procs import jobs_of
+
+    if kill.get("recovery_s") is None or "generation" not in kill:
+        return None
+    t_kill, g = kill["wall"], kill["generation"]
+    if isinstance(t_kill, str):
+        t_kill = datetime.fromisoformat(t_kill)
+    done = ("committed", "checkpointed")
+    firsts = {}
+    for r in records:
+        if (r.region in kill.get("watched", kill["regions"]) and r.region not in firsts
+                and r.status in done and r.generation >= g and r.recorded_at > t_kill):
+            firsts[r.region] = r
+    if not firsts:
+        return None
+    last = max(firsts.values(), key=lambda r: r.recorded_at)
+    started = next((row["recorded_at"] for row in job_runs
+                    if row["job"] == kill.get("job") and row["status"] == "started"
+                    and row["generation"] >= g and row["recorded_at"] > t_kill), None)
+    hit = set(kill.get("watched", kill["regions"]))
+    for hosted in jobs_of(pipeline).values():  # a job's regions feed each other in an epoch
+        if hit & set(hosted):
+            hit |= set(hosted)
+    ready, waited_on = None, None
+    for first in firsts.values():
+        for edge in pipeline.edges.values():
+            if edge.dst != first.region or edge.src is None or edge.src in hit:
+                continue
+            commits = [r.recorded_at for r in records
+                       if r.region == edge.src and r.status in done
+                       and r.epoch == first.epoch - edge.delay
+                       and r.recorded_at <= first.recorded_at]
+            if commits and (ready is None or max(commits) > ready):
+                ready, waited_on = max(commits), edge.src
+    total, rollback = kill["recovery_s"], kill.get("rollback_done_s", 0.0)
+    start = (max(0.0, (started - t_kill).total_seconds() - rollback)
+             if started is not None else 0.0)
+    since = started if started is not None else t_kill
+    waited = max(0.0, (ready - since).total_seconds()) if ready is not None else 0.0
+    waited = min(waited, max(0.0, total - rollback - start))
+    return {"region": last.region, "epoch": last.epoch,
+            "waited_on": waited_on if waited else None,
+            "rollback_s": round(rollback, 2), "start_s": round(start, 2),
+            "waited_s": round(waited, 2),
+            "work_s": round(max(0.0, total - rollback - start - waited), 2)}
+
+
+def _profile(kills: list[dict[str, Any]], log, pipeline) -> dict[str, Any]:
+    """Each job kill's ``parts`` (see :func:`recovery_parts`) and their medians, over all
+    and over the slowest twentieth; the percentiles of recovery less the wait for inputs."""
+    from falkirk_dev.chaos import _parts_median
+
+    records, runs = log.records(pipeline.name), log.job_run_rows(pipeline.name)
+    for kill in kills:
+        if (parts := recovery_parts(kill, records, runs, pipeline)) is not None:
+            kill["parts"] = {k: v for k, v in parts.items() if k.endswith("_s")}
+            kill["recovered_by"] = {k: parts[k] for k in ("region", "epoch", "waited_on")}
+    timed = [k for k in kills if "parts" in k]
+    own = sorted(k["recovery_s"] - k["parts"]["waited_s"] for k in timed)
+    slow = sorted(k["recovery_s"] for k in timed)
+    cut = slow[int(0.95 * (len(slow) - 1))] if slow else 0.0
+    return {
+        "recovery_parts_s_p50": _parts_median(timed),
+        "recovery_parts_s_slowest": _parts_median([k for k in timed
+                                                   if k["recovery_s"] >= cut]),
+        # a job kill's recovery less the time its job waited for inputs from upstream
+        "recovery_less_waiting_s_p50": round(statistics.median(own), 2) if own else None,
+        "recovery_less_waiting_s_p95": (round(own[int(0.95 * (len(own) - 1))], 2)
+                                        if own else None),
+        "waited_on": dict(sorted(collections.Counter(
+            k["recovered_by"]["waited_on"] for k in timed
+            if k["recovered_by"]["waited_on"]).items())),
+    }
 
 
 def _kill(pid: int) -> None:
@@ -365,6 +454,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         demo.until_done(timeout_s=max(demo.timeout_s, 60.0 * demo.epochs))
         minutes_run = (time.monotonic() - t_start) / 60
         demo.end_supervision()
+        profiled = _profile(c.kills, demo.run.log, demo.run.pipeline)
         report = compare(golden, demo.run.outputs())
         sent = demo.run.sent()
         failed = False
@@ -382,6 +472,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         # the supervisor's part: kill -> its rollback done (detection, scheduling, rollback)
         "rollback_done_s_p50": (statistics.median(k["rollback_done_s"] for k in jobs)
                                 if jobs else None),
+        **profiled,
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
         "standby_drivers": standby, "engines": "local", "airflow": True,
         "strike_every_s": every_s,

@@ -312,10 +312,14 @@ class EpochLog:
             "last_epoch": last_epoch, "message": message, "recorded_at": datetime.now(UTC),
         }])
 
+    def job_run_rows(self, pipeline: str) -> list[dict]:
+        """Every start and end row of a pipeline's jobs, in commit order."""
+        return self._read("job_runs", pipeline)
+
     def job_runs(self, pipeline: str) -> dict[str, dict]:
         """Per job: its latest start or end row (see falkirk/schemas/tables/job_runs.json)."""
         out: dict[str, dict] = {}
-        for row in self._read("job_runs", pipeline):
+        for row in self.job_run_rows(pipeline):
             out[row["job"]] = row
         return out
 
