@@ -302,8 +302,7 @@ def outcome(kills: list[dict[str, Any]], report: dict[str, dict[str, int]],
                       + sum(t["resent_same_generation"] for t in sent.values()),
         "changed_on_resend": sum(t["changed"] for t in sent.values()),
         "recovery_s_p50": statistics.median(recoveries) if recoveries else None,
-        "recovery_s_p95": (recoveries[min(len(recoveries) - 1, int(0.95 * len(recoveries)))]
-                           if recoveries else None),
+        "recovery_s_p95": p95(recoveries),
         "outputs_differ": sorted(k for k, v in report.items() if v["lost"] or v["duplicated"]),
     }
 
@@ -313,6 +312,19 @@ def _parts_median(kills: list[dict[str, Any]]) -> dict[str, float]:
     names = sorted({n for k in kills for n in k.get("parts", {})})
     return {n: round(statistics.median(vs), 2) for n in names
             if (vs := [k["parts"][n] for k in kills if n in k.get("parts", {})])}
+
+
+def p95(ordered: list[float]) -> float | None:
+    """The 95th percentile of sorted values (the nearest rank at or above), None if none."""
+    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] if ordered else None
+
+
+def parts_of_the_slowest(kills: list[dict[str, Any]]) -> dict[str, float]:
+    """:func:`_parts_median` over the slowest twentieth of the recovered kills."""
+    recoveries = sorted(k["recovery_s"] for k in kills if k.get("recovery_s") is not None)
+    cut = recoveries[int(0.95 * (len(recoveries) - 1))] if recoveries else 0
+    return _parts_median([k for k in kills
+                          if k.get("recovery_s") is not None and k["recovery_s"] >= cut])
 
 
 def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
@@ -370,15 +382,11 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
         report = compare(golden, run.outputs())
         sent = run.sent()
     counted = [k for k in c.kills if k.get("counted", True)]
-    recoveries = sorted(k["recovery_s"] for k in counted if k.get("recovery_s") is not None)
     return {
         **outcome(counted, report, sent), "rollbacks": c.rollbacks, "stuck": c.stuck,
         # the median of each part of a recovery, and of the slowest twentieth's
         "recovery_parts_s_p50": _parts_median(counted),
-        "recovery_parts_s_slowest": _parts_median(
-            [k for k in counted if k.get("recovery_s") is not None
-             and k["recovery_s"] >= (recoveries[int(0.95 * (len(recoveries) - 1))]
-                                     if recoveries else 0)]),
+        "recovery_parts_s_slowest": parts_of_the_slowest(counted),
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
         "standby_drivers": standby,
         "restarts_in_a_standby": sum(len(k.get("standby_took", [])) for k in counted),

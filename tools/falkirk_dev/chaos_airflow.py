@@ -42,6 +42,7 @@ from typing import Any
 TARGETS = ("job", "scheduler", "broker")
 RECOVERY_TIMEOUT_S = 600.0
 POLL_S = 0.5
+DURABLE = ("committed", "checkpointed")  # the statuses that end a recovery
 
 
 def scheduler_processes(home: Path) -> list[int]:
@@ -245,7 +246,7 @@ class AirflowCampaign:
         from falkirk.runtime.procs import jobs_of
 
         out = {r.region for r in new if r.region in regions and r.generation >= generation
-               and r.status in ("committed", "checkpointed")}
+               and r.status in DURABLE}
         for job, hosted in jobs_of(self.run.pipeline).items():
             row = runs.get(job) or {}
             if (row.get("status") == "finished" and row.get("exit_code") == 0
@@ -272,7 +273,7 @@ class AirflowCampaign:
         for kill in list(self.pending):
             new = records[kill["records_before"]:]
             if kill["target"] == "broker":
-                back = (any(r.status in ("committed", "checkpointed") for r in new)
+                back = (any(r.status in DURABLE for r in new)
                         or self.all_done())
             else:
                 regions, generation = set(kill["regions"]), 0
@@ -322,13 +323,11 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     if kill.get("recovery_s") is None or "generation" not in kill:
         return None
     t_kill, g = kill["wall"], kill["generation"]
-    if isinstance(t_kill, str):
-        t_kill = datetime.fromisoformat(t_kill)
-    done = ("committed", "checkpointed")
+    watched = set(kill.get("watched", kill["regions"]))
     firsts = {}
     for r in records:
-        if (r.region in kill.get("watched", kill["regions"]) and r.region not in firsts
-                and r.status in done and r.generation >= g and r.recorded_at > t_kill):
+        if (r.region in watched and r.region not in firsts
+                and r.status in DURABLE and r.generation >= g and r.recorded_at > t_kill):
             firsts[r.region] = r
     if not firsts:
         return None
@@ -336,7 +335,7 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     started = next((row["recorded_at"] for row in job_runs
                     if row["job"] == kill.get("job") and row["status"] == "started"
                     and row["generation"] >= g and row["recorded_at"] > t_kill), None)
-    hit = set(kill.get("watched", kill["regions"]))
+    hit = set(watched)
     for hosted in jobs_of(pipeline).values():  # a job's regions feed each other in an epoch
         if hit & set(hosted):
             hit |= set(hosted)
@@ -346,7 +345,7 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
             if edge.dst != first.region or edge.src is None or edge.src in hit:
                 continue
             commits = [r.recorded_at for r in records
-                       if r.region == edge.src and r.status in done
+                       if r.region == edge.src and r.status in DURABLE
                        and r.epoch == first.epoch - edge.delay
                        and r.recorded_at <= first.recorded_at]
             if commits and (ready is None or max(commits) > ready):
@@ -367,7 +366,7 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
 def _profile(kills: list[dict[str, Any]], log, pipeline) -> dict[str, Any]:
     """Each job kill's ``parts`` (see :func:`recovery_parts`) and their medians, over all
     and over the slowest twentieth; the percentiles of recovery less the wait for inputs."""
-    from falkirk_dev.chaos import _parts_median
+    from falkirk_dev.chaos import _parts_median, p95, parts_of_the_slowest
 
     records, runs = log.records(pipeline.name), log.job_run_rows(pipeline.name)
     for kill in kills:
@@ -375,17 +374,14 @@ def _profile(kills: list[dict[str, Any]], log, pipeline) -> dict[str, Any]:
             kill["parts"] = {k: v for k, v in parts.items() if k.endswith("_s")}
             kill["recovered_by"] = {k: parts[k] for k in ("region", "epoch", "waited_on")}
     timed = [k for k in kills if "parts" in k]
-    own = sorted(k["recovery_s"] - k["parts"]["waited_s"] for k in timed)
-    slow = sorted(k["recovery_s"] for k in timed)
-    cut = slow[int(0.95 * (len(slow) - 1))] if slow else 0.0
+    own = sorted(round(k["recovery_s"] - k["parts"]["waited_s"], 2) for k in timed)
     return {
         "recovery_parts_s_p50": _parts_median(timed),
-        "recovery_parts_s_slowest": _parts_median([k for k in timed
-                                                   if k["recovery_s"] >= cut]),
+        "recovery_parts_s_slowest": parts_of_the_slowest(timed),
         # a job kill's recovery less the time its job waited for inputs from upstream
+        # (its p95 by the rule of recovery_s_p95, so the two compare)
         "recovery_less_waiting_s_p50": round(statistics.median(own), 2) if own else None,
-        "recovery_less_waiting_s_p95": (round(own[int(0.95 * (len(own) - 1))], 2)
-                                        if own else None),
+        "recovery_less_waiting_s_p95": p95(own),
         "waited_on": dict(sorted(collections.Counter(
             k["recovered_by"]["waited_on"] for k in timed
             if k["recovered_by"]["waited_on"]).items())),
