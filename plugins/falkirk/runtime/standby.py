@@ -37,19 +37,12 @@ from falkirk.runtime import procs
 
 log = logging.getLogger(__name__)
 
-NICE = 10  # a warming standby yields the CPU to the running jobs (2 cores)
 # Standbys this process spawned: a hand-over returns the Popen, so its exit code is known.
 _spawned: dict[int, subprocess.Popen] = {}
 
 
 def folder(pipeline: Pipeline, cfg: Config | None = None) -> Path:
     return Path((cfg or load()).var_dir) / "run" / pipeline.name / "standby"
-
-
-def _can_renice() -> bool:
-    """Only a process allowed to raise its priority again may start a standby niced: the
-    job it takes must not stay behind the others."""
-    return os.geteuid() == 0
 
 
 def spawn(pipeline: Pipeline, cfg: Config | None = None,
@@ -66,11 +59,11 @@ def spawn(pipeline: Pipeline, cfg: Config | None = None,
                             cfg)
     environ = {**procs.job_env(), **(env or {})}
     environ.pop(faults.ENV, None)  # a crash point is the job's, handed over with it
-    nice = _can_renice()
+    nice = procs.may_lower_priority()
     with open(path, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=environ,
                                 start_new_session=True,
-                                preexec_fn=(lambda: os.nice(NICE)) if nice else None)
+                                preexec_fn=_lower_priority if nice else None)
     procs.write_whole(where / f"{proc.pid}.json", {
         "pid": proc.pid, "process_started": procs.process_started(proc.pid),
         "spawned": time.time(), "niced": nice})
@@ -187,57 +180,27 @@ def stop_all(pipeline: Pipeline, cfg: Config | None = None) -> list[int]:
 
 
 def warm_up(spark: Any, pipeline: Pipeline, cfg: Config) -> dict[str, float]:
-    """Run an epoch's kinds of work on scratch data: seconds per part."""
-    import shutil
+    """The job modules' imports, then :func:`falkirk.runtime.warmup.warm_up`: seconds
+    per part."""
+    from falkirk.runtime import warmup
+    from falkirk.runtime.runner import load_job
 
-    from pyspark.sql import functions as F
-
-    from falkirk.io.kafka import end_offsets, read_range
-    from falkirk.model.times import Offsets
-    from falkirk.runtime.runner import load_job, record_ddl
-
-    spent: dict[str, float] = {}
     t = time.monotonic()
     for job in {spec.job for spec in pipeline.regions.values() if spec.job}:
         load_job(pipeline.job_path(job))  # its imports, once
-    spent["imports_s"] = time.monotonic() - t
-    t = time.monotonic()
-    for edge in pipeline.edges.values():
-        if edge.kind != "kafka":  # the input topics (a region's input read from Kafka)
-            continue
-        try:
-            ends = end_offsets(cfg.kafka_bootstrap, edge.topic)
-        except Exception as exc:  # noqa: BLE001 - no topic yet: nothing to warm up with
-            log.info("warm-up skips topic %s: %s", edge.topic, exc)
-            continue
-        rows = read_range(spark, cfg.kafka_bootstrap, edge.topic, Offsets(),
-                          Offsets({p: min(o, 200) for p, o in ends.items()}),
-                          record_ddl(edge.topic, pipeline.schema_roots))
-        rows.groupBy("partition").count().collect()
-    spent["kafka_s"] = time.monotonic() - t
-    t = time.monotonic()
-    scratch = cfg.table("_falkirk_standby", pipeline.name, str(os.getpgrp()))
-    for round_ in range(2):
-        df = spark.range(2000).select((F.col("id") % 50).alias("key"), F.col("id").alias(
-            "value"), F.col("id").cast("string").alias("text"))
-        df.write.format("delta").mode("overwrite" if round_ == 0 else "append").save(scratch)
-        table = spark.read.format("delta").load(scratch)
-        counts = table.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("s"))
-        counts.join(table, "key").groupBy("key").agg(F.max("n")).collect()
-        table.toPandas()
-    if "://" not in scratch:
-        shutil.rmtree(scratch, ignore_errors=True)
-    spent["delta_s"] = time.monotonic() - t
+    spent = {"imports_s": time.monotonic() - t}
+    spent.update(warmup.warm_up(spark, pipeline, cfg))
+    spent.pop("stopped_early", None)  # a standby has nothing to wait for
     return spent
 
 
-def _renice(pgid: int) -> None:
-    """Every thread of the standby's processes back to the normal priority (a thread's
-    nice value is its own on Linux: the JVM's threads each)."""
-    for pid in procs.group_members(pgid):
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            with contextlib.suppress(OSError):  # gone, or not allowed: it stays niced
-                os.setpriority(os.PRIO_PROCESS, int(task.name), 0)
+def _lower_priority() -> None:
+    """In the standby's new session, before spark-submit: the running jobs keep the CPU
+    while it starts and warms up (the session's autogroup too: see
+    :func:`falkirk.runtime.procs.set_group_priority`)."""
+    os.nice(procs.WARM_UP_NICE)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/autogroup").write_text(str(procs.WARM_UP_NICE))
 
 
 def serve(argv: list[str] | None = None) -> None:
@@ -282,7 +245,7 @@ def serve(argv: list[str] | None = None) -> None:
     log.info("standby driver %d takes %s %s (its JVM's own output stays in %s)", me,
              task["job"], " ".join(task["args"]),
              procs.log_file(pipeline, "standby", cfg))
-    _renice(me)
+    procs.set_group_priority(me, 0)  # the job it becomes runs at the normal priority
     os.environ.pop(faults.ENV, None)
     os.environ.update(task["env"])
     sys.argv = [task["job"], *task["args"]]
