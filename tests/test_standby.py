@@ -9,8 +9,10 @@ the outputs it commits are tested in tests/test_trials.py (its CI trial keeps on
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +123,35 @@ def test_stopping_the_standbys_leaves_the_jobs_they_took(pipeline, cfg, stand_in
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_groups_priority_is_set_for_its_threads_and_its_sessions_autogroup():
+    job = subprocess.Popen(["sleep", "60"], start_new_session=True)  # as start_job starts one
+    try:
+        procs.set_group_priority(job.pid, 10)
+        assert os.getpriority(os.PRIO_PROCESS, job.pid) == 10
+        autogroup = Path(f"/proc/{job.pid}/autogroup")
+        if autogroup.exists():  # a kernel with autogroups: the session's share of the CPU
+            assert autogroup.read_text().split()[-1] == "10"
+        if procs.may_lower_priority():  # allowed to raise it again
+            procs.set_group_priority(job.pid, 0)
+            assert os.getpriority(os.PRIO_PROCESS, job.pid) == 0
+            assert not autogroup.exists() or autogroup.read_text().split()[-1] == "0"
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_a_standby_starts_in_a_session_whose_autogroup_is_niced_too():
+    """As spawn starts one: with autogroups, the threads' nice alone would not yield the
+    CPU to the jobs, each in a session of its own (set_group_priority's docstring)."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                            preexec_fn=standby._lower_priority)
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == procs.WARM_UP_NICE
+        autogroup = Path(f"/proc/{proc.pid}/autogroup")
+        assert not autogroup.exists() or autogroup.read_text().split()[-1] == str(
+            procs.WARM_UP_NICE)
+    finally:
+        proc.kill()
+        proc.wait()

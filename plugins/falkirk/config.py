@@ -67,10 +67,6 @@ class Config:
     # Warm Spark drivers kept per pipeline to take a (re)started job's place
     # (falkirk.runtime.standby): each holds a JVM with a session (about 1 GB). 0: none.
     standby_drivers: int = 0
-    # A job started cold whose first epoch waits for its inputs (a job a rollback moved,
-    # waiting for an upstream region to redo its epochs) warms up meanwhile on scratch
-    # data (falkirk.runtime.warmup), so that first epoch runs in a warm JVM.
-    warm_up_while_waiting: bool = True
     # The streams supervisor's watch defers to Airflow's triggerer, which looks for a dead
     # job every second (bin/airflow runs a triggerer). False: an Airflow without one; the
     # watch then pokes in reschedule mode every 30 s, which adds to every detection.

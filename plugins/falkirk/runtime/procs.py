@@ -196,8 +196,8 @@ def _live_with(field: int, value: int) -> list[int]:
     return members
 
 
-#: The nice value a driver warming up takes (a standby, or a job waiting for its inputs):
-#: the running jobs keep the CPU (2 cores) and it gets what they leave.
+#: The nice value a standby driver starts and warms up at (falkirk.runtime.standby): the
+#: running jobs keep the CPU (2 cores) and it gets what they leave.
 WARM_UP_NICE = 10
 
 

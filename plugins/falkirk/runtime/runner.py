@@ -283,7 +283,6 @@ class JobRunner:
         self.cuts: dict[str, KafkaCut] = {}
         self._sender_checked: dict[str, float] = {}  # edge -> when its sender was last checked
         self._said_dead: set[tuple] = set()  # (job, pid, started) already said to be dead
-        self._warm_up_tried = False  # see _warm_up_while_waiting
         self._bounds: dict[str, Offsets] = {}  # input topic -> its declared end
         self._bounds_read = float("-inf")
         for e in self._external_inputs():
@@ -381,8 +380,6 @@ class JobRunner:
                 self._record_end(e - 1)
                 break
             if ready is False:
-                if self._warm_up_while_waiting(e):
-                    continue  # the warm-up took a while: look again at once
                 if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
                     raise RuntimeFailure(
                         f"job {'+'.join(self.regions)}: epoch {e} not complete at its inputs "
@@ -397,23 +394,6 @@ class JobRunner:
             if self._ready(self.next_epoch) is None:
                 self._record_end(self.next_epoch - 1)
         return self.next_epoch - 1
-
-    def _warm_up_while_waiting(self, e: int) -> bool:
-        """A cold driver whose first epoch waits for its inputs pays its first-epoch costs
-        meanwhile (falkirk.runtime.warmup), until the inputs are ready; once per runner,
-        and not in a driver already warm (a standby's). True when it warmed up."""
-        from falkirk.runtime import warmup
-
-        if (self.timings or self._warm_up_tried or warmup.warmed()
-                or not self.persist or not self.cfg.warm_up_while_waiting):
-            return False
-        self._warm_up_tried = True
-        spent = warmup.warm_up(self.spark, self.pipeline, self.cfg,
-                               stop=lambda: self._ready(e) is not False, yielding=True)
-        log.info("%s: warmed up while epoch %d waited for its inputs (Kafka %.1f s, Delta "
-                 "%.1f s%s)", "+".join(self.regions), e, spent["kafka_s"], spent["delta_s"],
-                 "; stopped early: the inputs are ready" if spent["stopped_early"] else "")
-        return True
 
     def _record_end(self, through: int) -> None:
         """The input ended after epoch ``through``: receivers that read only our Delta

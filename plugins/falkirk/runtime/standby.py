@@ -180,17 +180,47 @@ def stop_all(pipeline: Pipeline, cfg: Config | None = None) -> list[int]:
 
 
 def warm_up(spark: Any, pipeline: Pipeline, cfg: Config) -> dict[str, float]:
-    """The job modules' imports, then :func:`falkirk.runtime.warmup.warm_up`: seconds
-    per part."""
-    from falkirk.runtime import warmup
-    from falkirk.runtime.runner import load_job
+    """Run an epoch's kinds of work on scratch data: seconds per part."""
+    import shutil
 
+    from pyspark.sql import functions as F
+
+    from falkirk.io.kafka import end_offsets, read_range
+    from falkirk.model.times import Offsets
+    from falkirk.runtime.runner import load_job, record_ddl
+
+    spent: dict[str, float] = {}
     t = time.monotonic()
     for job in {spec.job for spec in pipeline.regions.values() if spec.job}:
         load_job(pipeline.job_path(job))  # its imports, once
-    spent = {"imports_s": time.monotonic() - t}
-    spent.update(warmup.warm_up(spark, pipeline, cfg))
-    spent.pop("stopped_early", None)  # a standby has nothing to wait for
+    spent["imports_s"] = time.monotonic() - t
+    t = time.monotonic()
+    for edge in pipeline.edges.values():
+        if edge.kind != "kafka":  # the input topics (a region's input read from Kafka)
+            continue
+        try:
+            ends = end_offsets(cfg.kafka_bootstrap, edge.topic)
+        except Exception as exc:  # noqa: BLE001 - no topic yet: nothing to warm up with
+            log.info("warm-up skips topic %s: %s", edge.topic, exc)
+            continue
+        rows = read_range(spark, cfg.kafka_bootstrap, edge.topic, Offsets(),
+                          Offsets({p: min(o, 200) for p, o in ends.items()}),
+                          record_ddl(edge.topic, pipeline.schema_roots))
+        rows.groupBy("partition").count().collect()
+    spent["kafka_s"] = time.monotonic() - t
+    t = time.monotonic()
+    scratch = cfg.table("_falkirk_standby", pipeline.name, str(os.getpgrp()))
+    for round_ in range(2):
+        df = spark.range(2000).select((F.col("id") % 50).alias("key"), F.col("id").alias(
+            "value"), F.col("id").cast("string").alias("text"))
+        df.write.format("delta").mode("overwrite" if round_ == 0 else "append").save(scratch)
+        table = spark.read.format("delta").load(scratch)
+        counts = table.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("s"))
+        counts.join(table, "key").groupBy("key").agg(F.max("n")).collect()
+        table.toPandas()
+    if "://" not in scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+    spent["delta_s"] = time.monotonic() - t
     return spent
 
 
