@@ -169,7 +169,20 @@ def test_a_recoverys_parts_split_out_the_wait_for_an_upstream_region_it_did_not_
             "watched": ["serve", "stats"]}
     parts = chaos_airflow.recovery_parts(kill, records, runs, pipe)
     assert parts == {"region": "stats", "epoch": 10, "waited_on": "popularity",
-                     "rollback_s": 3.0, "start_s": 9.0, "waited_s": 18.0, "work_s": 7.0}
+                     "standby_took": [], "rollback_s": 3.0, "start_s": 9.0,
+                     "waited_s": 18.0, "work_s": 7.0}
+
+    # a start row naming a process that ran before the kill: a warm standby took it
+    # (a cold spark-submit started after the kill; a start after the recovery is not its)
+    warm = [{**runs[0], "process_started": (t0 - timedelta(seconds=50)).timestamp()},
+            {"job": "jobs/communities.py", "status": "started", "generation": 5,
+             "recorded_at": t0 + timedelta(seconds=4),
+             "process_started": (t0 + timedelta(seconds=1)).timestamp()},
+            {"job": "jobs/ingest.py", "status": "started", "generation": 5,
+             "recorded_at": t0 + timedelta(seconds=60),
+             "process_started": (t0 - timedelta(seconds=90)).timestamp()}]
+    assert chaos_airflow.recovery_parts(kill, records, warm, pipe)["standby_took"] == [
+        "jobs/serve.py"]
 
     # communities' late commit (the kill's rollback moved it too) is recovery, not waiting
     moved = {**kill, "watched": ["communities", "serve", "stats"], "recovery_s": 40.0}

@@ -35,7 +35,7 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -317,7 +317,9 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     recovery, however fast, commits before its input is there) and the rest (``work_s``:
     the restore, the epochs redone, the commit), over the regions it watched (the first
     epoch each committed in the generation); None for a kill without a rollback or a
-    recovery. The wait may overlap the restore: the rest is then a lower bound."""
+    recovery. The wait may overlap the restore: the rest is then a lower bound.
+    ``standby_took``: the jobs whose restart in the recovery a warm standby driver took
+    (their start row names a process that was running before the kill)."""
     from falkirk.runtime.procs import jobs_of
 
     if kill.get("recovery_s") is None or "generation" not in kill:
@@ -356,8 +358,14 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     since = started if started is not None else t_kill
     waited = max(0.0, (ready - since).total_seconds()) if ready is not None else 0.0
     waited = min(waited, max(0.0, total - rollback - start))
+    # a job whose start row names a process that ran before the kill was a standby's
+    end = t_kill + timedelta(seconds=total)
+    took = sorted({row["job"] for row in job_runs
+                   if row["status"] == "started" and row["generation"] >= g
+                   and t_kill < row["recorded_at"] <= end
+                   and (row.get("process_started") or float("inf")) < t_kill.timestamp()})
     return {"region": last.region, "epoch": last.epoch,
-            "waited_on": waited_on if waited else None,
+            "waited_on": waited_on if waited else None, "standby_took": took,
             "rollback_s": round(rollback, 2), "start_s": round(start, 2),
             "waited_s": round(waited, 2),
             "work_s": round(max(0.0, total - rollback - start - waited), 2)}
@@ -373,6 +381,7 @@ def _profile(kills: list[dict[str, Any]], log, pipeline) -> dict[str, Any]:
         if (parts := recovery_parts(kill, records, runs, pipeline)) is not None:
             kill["parts"] = {k: v for k, v in parts.items() if k.endswith("_s")}
             kill["recovered_by"] = {k: parts[k] for k in ("region", "epoch", "waited_on")}
+            kill["standby_took"] = parts["standby_took"]
     timed = [k for k in kills if "parts" in k]
     own = sorted(round(k["recovery_s"] - k["parts"]["waited_s"], 2) for k in timed)
     return {
@@ -382,6 +391,8 @@ def _profile(kills: list[dict[str, Any]], log, pipeline) -> dict[str, Any]:
         # (its p95 by the rule of recovery_s_p95, so the two compare)
         "recovery_less_waiting_s_p50": round(statistics.median(own), 2) if own else None,
         "recovery_less_waiting_s_p95": p95(own),
+        # restarts in the recoveries that a warm standby driver took (--standby N)
+        "restarts_in_a_standby": sum(len(k.get("standby_took", [])) for k in timed),
         "waited_on": dict(sorted(collections.Counter(
             k["recovered_by"]["waited_on"] for k in timed
             if k["recovered_by"]["waited_on"]).items())),
