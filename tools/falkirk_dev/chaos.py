@@ -289,8 +289,8 @@ class Campaign:
 def outcome(kills: list[dict[str, Any]], report: dict[str, dict[str, int]],
             sent: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The figures every campaign reports: kills by target, what the outputs lost or got
-    twice against the failure-free run (every message on the output topics counted), and
-    the recovery percentiles."""
+    twice against the failure-free run (every message on the output topics counted), the
+    recovery percentiles, and the restarts a standby took (each kill's ``standby_took``)."""
     recoveries = sorted(k["recovery_s"] for k in kills if k.get("recovery_s") is not None)
     by_target: dict[str, int] = {}
     for k in kills:
@@ -303,6 +303,8 @@ def outcome(kills: list[dict[str, Any]], report: dict[str, dict[str, int]],
         "changed_on_resend": sum(t["changed"] for t in sent.values()),
         "recovery_s_p50": statistics.median(recoveries) if recoveries else None,
         "recovery_s_p95": p95(recoveries),
+        # restarts in the recoveries that a warm standby driver took (--standby N)
+        "restarts_in_a_standby": sum(len(k.get("standby_took", [])) for k in kills),
         "outputs_differ": sorted(k for k, v in report.items() if v["lost"] or v["duplicated"]),
     }
 
@@ -389,7 +391,6 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
         "recovery_parts_s_slowest": parts_of_the_slowest(counted),
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
         "standby_drivers": standby,
-        "restarts_in_a_standby": sum(len(k.get("standby_took", [])) for k in counted),
         "engines": "cluster" if cluster else "local",
         "infrastructure_faults_that_failed_a_job": sum(
             1 for k in counted if k.get("failed_a_job")),

@@ -391,8 +391,6 @@ def _profile(kills: list[dict[str, Any]], log, pipeline) -> dict[str, Any]:
         # (its p95 by the rule of recovery_s_p95, so the two compare)
         "recovery_less_waiting_s_p50": round(statistics.median(own), 2) if own else None,
         "recovery_less_waiting_s_p95": p95(own),
-        # restarts in the recoveries that a warm standby driver took (--standby N)
-        "restarts_in_a_standby": sum(len(k.get("standby_took", [])) for k in timed),
         "waited_on": dict(sorted(collections.Counter(
             k["recovered_by"]["waited_on"] for k in timed
             if k["recovered_by"]["waited_on"]).items())),
