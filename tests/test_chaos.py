@@ -169,7 +169,8 @@ def test_a_recoverys_parts_split_out_the_wait_for_an_upstream_region_it_did_not_
             "watched": ["serve", "stats"]}
     parts = chaos_airflow.recovery_parts(kill, records, runs, pipe)
     assert parts == {"region": "stats", "epoch": 10, "waited_on": "popularity",
-                     "standby_took": [], "rollback_s": 3.0, "start_s": 9.0,
+                     "standby_took": [], "resumed_in_place": [], "rollback_s": 3.0,
+                     "start_s": 9.0,
                      "waited_s": 18.0, "work_s": 7.0}
 
     # a start row naming a process that ran before the kill: a warm standby took it
@@ -183,6 +184,14 @@ def test_a_recoverys_parts_split_out_the_wait_for_an_upstream_region_it_did_not_
              "process_started": (t0 - timedelta(seconds=90)).timestamp()}]
     assert chaos_airflow.recovery_parts(kill, records, warm, pipe)["standby_took"] == [
         "jobs/serve.py"]
+
+    # a job the rollback moved back that parked and resumed in its running driver
+    parked = [*runs, {"job": "jobs/communities.py", "status": "parked", "generation": 4,
+                      "recorded_at": t0 + timedelta(seconds=2)},
+              {"job": "jobs/communities.py", "status": "resumed", "generation": 5,
+               "recorded_at": t0 + timedelta(seconds=3)}]
+    assert chaos_airflow.recovery_parts(kill, records, parked, pipe)["resumed_in_place"] == [
+        "jobs/communities.py"]
 
     # communities' late commit (the kill's rollback moved it too) is recovery, not waiting
     moved = {**kill, "watched": ["communities", "serve", "stats"], "recovery_s": 40.0}

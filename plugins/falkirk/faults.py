@@ -17,7 +17,14 @@ The points:
   are ready, but the checkpoint's Delta commit (and so its epoch log row) is not made;
 * ``rollback:before-stop``: a rollback fenced the regions its plan affects, and is about to
   stop their jobs;
-* ``rollback:after-first-table``: a rollback restored its first table and nothing more.
+* ``rollback:after-first-table``: a rollback restored its first table and nothing more;
+* ``runner:fence-checked``: a job found no fence of its regions and is about to record its
+  epoch's rows (its outputs are committed): a rollback that fences it now meets a late row.
+
+``FALKIRK_HOLD_AT=<point>[@<N>]`` (with ``FALKIRK_HOLD_DIR=<folder>``) holds the process
+instead, the N-th time it reaches the point: it writes ``<point>.reached`` in the folder and waits
+until a test writes ``<point>.release`` there. A test forces an interleaving so (another
+process or thread acts while this one is held), with no sleeps.
 """
 
 from __future__ import annotations
@@ -25,13 +32,17 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
+from pathlib import Path
 
 POINTS = ("rollback:before-stop", "rollback:after-first-table", "writer:before-commit",
-          "writer:after-commit", "checkpoint:before-save")
+          "writer:after-commit", "checkpoint:before-save", "runner:fence-checked")
 ENV = "FALKIRK_CRASH_AT"
+HOLD_ENV, HOLD_DIR_ENV = "FALKIRK_HOLD_AT", "FALKIRK_HOLD_DIR"
 
 _reached: dict[str, int] = {}  # point -> times this process reached it
 _counting = threading.Lock()  # an epoch's commits reach their points from several threads
+_held: dict[str, int] = {}  # point -> times this process reached it, for holds
 
 
 def parse(value: str) -> tuple[str, int]:
@@ -68,3 +79,29 @@ def maybe_crash(point: str) -> None:
         now = _reached[point] == nth
     if now:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hold_file(folder: str | os.PathLike, point: str, what: str) -> Path:
+    """``<folder>/<point>.<what>`` (what: reached or release), the point's ':' made '-'."""
+    return Path(folder) / f"{point.replace(':', '-')}.{what}"
+
+
+def maybe_hold(point: str) -> None:
+    """Wait at ``point`` until released, if a test asked to hold there (this time:
+    ``FALKIRK_HOLD_AT=<point>@<N>`` holds the N-th time, as a crash does)."""
+    value = os.environ.get(HOLD_ENV)
+    if not value:
+        return
+    target, nth = parse(value)
+    if target != point:
+        return
+    with _counting:
+        _held[point] = _held.get(point, 0) + 1
+        now = _held[point] == nth
+    if not now:
+        return
+    folder = os.environ[HOLD_DIR_ENV]
+    hold_file(folder, point, "reached").write_text(str(os.getpid()))
+    release = hold_file(folder, point, "release")
+    while not release.exists():
+        time.sleep(0.05)

@@ -290,7 +290,8 @@ def outcome(kills: list[dict[str, Any]], report: dict[str, dict[str, int]],
             sent: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The figures every campaign reports: kills by target, what the outputs lost or got
     twice against the failure-free run (every message on the output topics counted), the
-    recovery percentiles, and the restarts a standby took (each kill's ``standby_took``)."""
+    recovery percentiles, the restarts a standby took (each kill's ``standby_took``) and
+    the moved jobs that parked and resumed in their drivers (``resumed_in_place``)."""
     recoveries = sorted(k["recovery_s"] for k in kills if k.get("recovery_s") is not None)
     by_target: dict[str, int] = {}
     for k in kills:
@@ -305,6 +306,8 @@ def outcome(kills: list[dict[str, Any]], report: dict[str, dict[str, int]],
         "recovery_s_p95": p95(recoveries),
         # restarts in the recoveries that a warm standby driver took (--standby N)
         "restarts_in_a_standby": sum(len(k.get("standby_took", [])) for k in kills),
+        # moved jobs that parked for the rollback and resumed in their warm drivers
+        "resumed_in_place": sum(len(k.get("resumed_in_place", [])) for k in kills),
         "outputs_differ": sorted(k for k, v in report.items() if v["lost"] or v["duplicated"]),
     }
 

@@ -319,7 +319,9 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     epoch each committed in the generation); None for a kill without a rollback or a
     recovery. The wait may overlap the restore: the rest is then a lower bound.
     ``standby_took``: the jobs whose restart in the recovery a warm standby driver took
-    (their start row names a process that was running before the kill)."""
+    (their start row names a process that was running before the kill);
+    ``resumed_in_place``: the jobs the rollback moved back that parked in their running
+    drivers and resumed there (falkirk.runtime.park: a ``resumed`` row in the recovery)."""
     from falkirk.runtime.procs import jobs_of
 
     if kill.get("recovery_s") is None or "generation" not in kill:
@@ -364,8 +366,12 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
                    if row["status"] == "started" and row["generation"] >= g
                    and t_kill < row["recorded_at"] <= end
                    and (row.get("process_started") or float("inf")) < t_kill.timestamp()})
+    resumed = sorted({row["job"] for row in job_runs
+                      if row["status"] == "resumed" and row["generation"] >= g
+                      and t_kill < row["recorded_at"] <= end})
     return {"region": last.region, "epoch": last.epoch,
             "waited_on": waited_on if waited else None, "standby_took": took,
+            "resumed_in_place": resumed,
             "rollback_s": round(rollback, 2), "start_s": round(start, 2),
             "waited_s": round(waited, 2),
             "work_s": round(max(0.0, total - rollback - start - waited), 2)}
@@ -382,6 +388,7 @@ def _profile(kills: list[dict[str, Any]], log, pipeline) -> dict[str, Any]:
             kill["parts"] = {k: v for k, v in parts.items() if k.endswith("_s")}
             kill["recovered_by"] = {k: parts[k] for k in ("region", "epoch", "waited_on")}
             kill["standby_took"] = parts["standby_took"]
+            kill["resumed_in_place"] = parts["resumed_in_place"]
     timed = [k for k in kills if "parts" in k]
     own = sorted(round(k["recovery_s"] - k["parts"]["waited_s"], 2) for k in timed)
     return {

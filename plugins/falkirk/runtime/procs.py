@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -18,6 +19,8 @@ from pathlib import Path
 
 from falkirk.config import Config, load
 from falkirk.model.topology import Pipeline
+
+logger = logging.getLogger("falkirk.runtime")
 
 
 def _dirs(cfg: Config | None) -> tuple[Path, Path]:
@@ -245,22 +248,32 @@ def stop_group(pgid: int, timeout_s: float = 30.0) -> None:
             time.sleep(0.2)
 
 
-def stop_regions(pipeline: Pipeline, regions: set[str], cfg: Config | None = None) -> list[str]:
+def stop_regions(pipeline: Pipeline, regions: set[str], cfg: Config | None = None,
+                 park_s: float = 0.0) -> list[str]:
     """Stop every running job that hosts one of ``regions``; return the jobs stopped.
 
-    Each stopped job gets a ``stopped`` row in the log of job runs: the supervisor must
-    not take it for a death (and roll its regions back as failed) if the one who stopped
-    it dies before starting it again."""
-    stopped = []
-    for info in running(pipeline, cfg):
-        if set(info["regions"]) & regions:
-            stop_group(info["pgid"])
-            stopped.append(info)
-    if stopped:
-        from falkirk.config import load
-        from falkirk.log.epochlog import EpochLog
+    With ``park_s`` (the regions are fenced already) a stream job is first given that
+    long to park (:mod:`falkirk.runtime.park`): it keeps its warm driver and resumes by
+    itself when the rollback is done, so it is neither stopped nor returned. Each stopped
+    job gets a ``stopped`` row in the log of job runs: the supervisor must not take it for
+    a death (and roll its regions back as failed) if the one who stopped it dies before
+    starting it again."""
+    from falkirk.log.epochlog import EpochLog
 
-        log = EpochLog.from_config(cfg or load())
+    log = EpochLog.from_config(cfg or load())
+    hosting = [info for info in running(pipeline, cfg) if set(info["regions"]) & regions]
+    parked: set[str] = set()
+    if park_s > 0:
+        from falkirk.runtime.park import wait_parked
+
+        streams = [info for info in hosting if "--epoch" not in (info.get("command") or [])]
+        parked = wait_parked(log, pipeline.name, streams, park_s)
+        if parked:
+            logger.info("parked for the rollback, in their drivers: %s", sorted(parked))
+    stopped = [info for info in hosting if info["job"] not in parked]
+    for info in stopped:
+        stop_group(info["pgid"])
+    if stopped:
         runs = log.job_runs(pipeline.name)
         for info in stopped:
             log.record_job_run(pipeline.name, info["job"], info["regions"],
@@ -268,5 +281,4 @@ def stop_regions(pipeline: Pipeline, regions: set[str], cfg: Config | None = Non
                                "stopped", message="stopped by a rollback",
                                process={"host": info.get("host"), "pid": info["pid"],
                                         "started": info.get("process_started")})
-    stopped = [info["job"] for info in stopped]
-    return stopped
+    return [info["job"] for info in stopped]

@@ -42,12 +42,14 @@ import pyarrow as pa
 
 from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
+from falkirk.faults import maybe_hold
 from falkirk.io.kafka import broker_retry
 from falkirk.io.spark import cut_lineage
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.model.schemas import arrow_schema, ddl, find, use_pipeline
 from falkirk.model.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
 from falkirk.model.topology import EdgeSpec, Pipeline
+from falkirk.runtime.park import RUNNING_STATUSES
 
 log = logging.getLogger("falkirk.runtime")
 
@@ -62,6 +64,14 @@ class RuntimeFailure(FalkirkError):
 
 
 # ---- epochs and Kafka cuts ------------------------------------------------------------
+
+
+class Fenced(RuntimeFailure):
+    """A rollback to ``generation`` fenced the job's regions: it records no more epochs."""
+
+    def __init__(self, message: str, generation: int):
+        super().__init__(message)
+        self.generation = generation
 
 
 @dataclass(frozen=True)
@@ -233,7 +243,8 @@ class JobRunner:
 
     def __init__(self, pipeline: Pipeline, logic: JobLogic, spark: Any,
                  cfg: Config | None = None, epoch_log: EpochLog | None = None,
-                 start: dict[str, int] | None = None, persist: bool = True):
+                 start: dict[str, int] | None = None, persist: bool = True,
+                 generation: int | None = None):
         self.pipeline = pipeline
         use_pipeline(pipeline.schema_roots)  # the job's transforms name its tables bare
         # persist=False runs the same transforms with nothing made durable (no epoch log,
@@ -260,7 +271,10 @@ class JobRunner:
             raise RuntimeFailure(f"job {type(logic).__name__} runs regions {sorted(unknown)} "
                                  f"that pipeline {pipeline.name!r} does not declare")
         self.regions = list(logic.regions)
-        self.generation = self.log.generation(pipeline.name)
+        # The log's current generation, or a rollback's done (a job resuming after it: a
+        # newer rollback that fenced it meanwhile then parks it again at once).
+        self.generation = (self.log.generation(pipeline.name) if generation is None
+                           else generation)
         logs = self.log.regions(pipeline)
         # Each region restarts after its frontier: given by a rollback, else its latest
         # restorable entry in the log.
@@ -290,6 +304,7 @@ class JobRunner:
             self.positions[e.name] = self._start_offsets(e, logs)
         self.writers: dict[tuple[str, str], Any] = {}
         self.topics_made: set[str] = set()  # output topics known to exist as declared
+        self.watch: Any = None  # a falkirk.runtime.park.FenceWatch, when the job parks
 
     # -- setup --------------------------------------------------------------------------
 
@@ -375,6 +390,8 @@ class JobRunner:
         idle_since = time.monotonic()
         while until_epoch is None or self.next_epoch <= until_epoch:
             e = self.next_epoch
+            if self.watch is not None and self.watch.fenced is not None:
+                self._fenced(self.watch.fenced, f"epoch {e} is not started")
             ready = self._ready(e)
             if ready is None:  # the input ended: nothing more will come
                 self._record_end(e - 1)
@@ -475,7 +492,7 @@ class JobRunner:
         if run is None:
             return
         dead = run["status"] == "failed" or (
-            run["status"] == "started" and run["host"] == this_process()["host"]
+            run["status"] in RUNNING_STATUSES and run["host"] == this_process()["host"]
             and not is_process(run["pid"], run["process_started"]))
         said = (job, run["pid"], run["process_started"])
         if dead and said not in self._said_dead:
@@ -615,6 +632,7 @@ class JobRunner:
             self.done[r] = e
         if self.persist:
             self._check_fence(e)
+            maybe_hold("runner:fence-checked")
             self.log.record(*rows)
         t = self._spent("epoch log", t)
         self.logic.finish_epoch(ctx)
@@ -639,10 +657,12 @@ class JobRunner:
         say ``committed`` over data its restore removes."""
         newer = self.log.fenced(self.pipeline.name, self.regions, self.generation)
         if newer is not None:
-            raise RuntimeFailure(
-                f"pipeline {self.pipeline.name!r}, job {'+'.join(self.regions)} (generation "
-                f"{self.generation}): a rollback to generation {newer} fenced it; epoch {e} "
-                "is not recorded")
+            self._fenced(newer, f"epoch {e} is not recorded")
+
+    def _fenced(self, newer: int, what: str) -> None:
+        raise Fenced(f"pipeline {self.pipeline.name!r}, job {'+'.join(self.regions)} "
+                     f"(generation {self.generation}): a rollback to generation {newer} "
+                     f"fenced it; {what}", newer)
 
     def _output(self, result: EpochResult, region: str, edge: EdgeSpec, e: int) -> Any:
         """The DataFrame a job produced for an output edge (by edge, else by its table)."""
@@ -944,6 +964,84 @@ def _spark_schema(schema: pa.Schema):
     return from_arrow_schema(schema)
 
 
+class JobDriver:
+    """Runs a job's regions in one driver across rollbacks: a :class:`JobRunner` per
+    generation. With ``park``, a rollback that fences the regions parks the job
+    (:mod:`falkirk.runtime.park`) instead of ending it, and a new runner resumes from the
+    frontier in the rollback's generation, in the same warm Spark session."""
+
+    def __init__(self, pipeline: Pipeline, logic: JobLogic, spark: Any, park: bool = True,
+                 cfg: Config | None = None, watch_interval_s: float = 1.0):
+        self.pipeline, self.logic, self.spark, self.cfg = pipeline, logic, spark, cfg
+        self.park, self.watch_interval_s = park, watch_interval_s
+        self.job = pipeline.regions[logic.regions[0]].job or type(logic).__name__
+        self.runner: JobRunner | None = None
+        self.parked = 0  # times this driver parked
+
+    @property
+    def runs(self) -> tuple[EpochLog, str, str, int] | None:
+        """Where this run's end is recorded (log, pipeline, job, generation), once known."""
+        r = self.runner
+        return None if r is None else (r.log, self.pipeline.name, self.job, r.generation)
+
+    def _begin(self, start: dict[str, int] | None, status: str,
+               generation: int | None = None) -> JobRunner:
+        runner = JobRunner(self.pipeline, self.logic, self.spark, self.cfg, start=start,
+                           generation=generation)
+        self.runner = runner
+        runner.log.record_job_run(self.pipeline.name, self.job, self.logic.regions,
+                                  runner.generation, status)
+        return runner
+
+    def run(self, start: dict[str, int] | None = None, until: int | None = None,
+            poll_s: float = 0.5, idle_timeout_s: float | None = None) -> int:
+        """Run until ``until`` or the input ends (see :meth:`JobRunner.run`)."""
+        from falkirk.runtime.park import FenceWatch
+
+        runner = self._begin(start, "started")
+        while True:
+            watch, fence = None, None
+            if self.park:
+                watch = runner.watch = FenceWatch(runner.log, self.pipeline.name,
+                                                  runner.regions, runner.generation,
+                                                  self.spark, self.watch_interval_s).start()
+            try:
+                return runner.run(until_epoch=until, poll_s=poll_s,
+                                  idle_timeout_s=idle_timeout_s)
+            except Exception as exc:
+                fence = (exc.generation if isinstance(exc, Fenced)
+                         else None if watch is None else watch.fenced)
+                if not self.park or fence is None:
+                    raise
+                log.warning("%s: parking (%s: %s)", "+".join(runner.regions),
+                            type(exc).__name__, str(exc).splitlines()[0][:300])
+            finally:
+                if watch is not None:
+                    watch.stop()
+                runner.close()
+            done = self._wait_parked(runner, fence)
+            runner = self._begin(None, "resumed", done["generation"])
+
+    def _wait_parked(self, runner: JobRunner, fence: int) -> dict:
+        """Acknowledge the fence once nothing of this job runs, then wait for the rollback
+        (the acknowledgement is what the rollback plans after); its done row."""
+        from falkirk.runtime.park import PARK_WAIT_S, quiet, wait_for_rollback
+
+        if not quiet(self.spark, PARK_WAIT_S / 2):
+            raise RuntimeFailure(f"job {'+'.join(runner.regions)}: Spark tasks still ran "
+                                 f"{PARK_WAIT_S / 2:.0f} s after the fence's cancel; "
+                                 "cannot park")
+        self.spark.catalog.clearCache()  # the cancelled epoch's cached frames
+        runner.log.record_job_run(self.pipeline.name, self.job, self.logic.regions,
+                                  runner.generation, "parked",
+                                  message=f"fenced by the rollback to generation {fence}")
+        self.parked += 1
+        done = wait_for_rollback(runner.log, self.pipeline.name, fence)
+        log.info("%s: rollback %s done (generation %d): resuming in this driver",
+                 "+".join(runner.regions), done["rollback_id"], done["generation"])
+        return done
+
+
 # ---- the entry point of every job -------------------------------------------------------
 
 
@@ -971,7 +1069,7 @@ def main(logic: JobLogic, argv: list[str] | None = None) -> int:
     args = parser(logic).parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    runs: tuple[EpochLog, str, str, int] | None = None  # where this run's end is recorded
+    driver: JobDriver | None = None
     last: int | None = None
     try:
         pipeline = load_pipeline(args.pipeline)
@@ -981,16 +1079,10 @@ def main(logic: JobLogic, argv: list[str] | None = None) -> int:
         if args.epoch is not None:
             start = {r: args.epoch - 1 for r in logic.regions}
             until = args.epoch
-        runner = JobRunner(pipeline, logic, spark, start=start)
-        job = pipeline.regions[logic.regions[0]].job or type(logic).__name__
-        runs = (runner.log, pipeline.name, job, runner.generation)
-        runner.log.record_job_run(pipeline.name, job, logic.regions, runner.generation,
-                                  "started")
-        try:
-            last = runner.run(until_epoch=until, poll_s=args.poll,
-                              idle_timeout_s=args.idle_timeout)
-        finally:
-            runner.close()
+        # A stream job parks when a rollback fences it; a batch run of one epoch (--epoch)
+        # ends on the fence instead: the rollback reruns it if it must.
+        driver = JobDriver(pipeline, logic, spark, park=args.epoch is None)
+        last = driver.run(start, until, args.poll, args.idle_timeout)
         log.info("%s: done through epoch %d", "+".join(logic.regions), last)
         code, message = 0, None
     except FalkirkError as exc:
@@ -999,6 +1091,7 @@ def main(logic: JobLogic, argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: say so in the log of runs too, then fail
         log.exception("%s failed", "+".join(logic.regions))
         code, message = 1, f"{type(exc).__name__}: {exc}"
+    runs = None if driver is None else driver.runs
     if runs is not None:  # the supervisor reads how the job ended from here
         epoch_log, pipeline_name, job, generation = runs
         epoch_log.record_job_run(pipeline_name, job, logic.regions, generation,

@@ -1,0 +1,140 @@
+"""Parking a running job for a rollback instead of killing it.
+
+A rollback moves back regions whose jobs still run (serve+stats after a communities
+kill): killing them costs a cold driver (JVM, Spark session, a first epoch three to four
+times slower than a warm one). A job that parks keeps its warm session:
+
+1. The rollback fences the regions (the epoch log's ``fences``), as before a kill.
+2. The job's :class:`FenceWatch` sees the fence within a second and cancels its running
+   Spark jobs; the epoch ends at once (a row it had not recorded is never recorded: the
+   runner checks the fence before it records, and a row recorded just before the fence
+   is in the log the rollback plans from).
+3. When nothing of the job runs any more (every commit thread joined, no Spark task
+   left), it records ``parked`` in the log of job runs: the acknowledgement. The
+   rollback (:func:`falkirk.runtime.procs.stop_regions` with ``park_s``) waits for it,
+   and only then plans from the log as it is; a job that does not acknowledge in time is
+   killed, as before.
+4. The job waits for the rollback to finish (:func:`wait_for_rollback`), then starts
+   again from the frontier in the new generation, in the same driver (``resumed``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from falkirk.errors import FalkirkError
+from falkirk.log.epochlog import EpochLog
+
+log = logging.getLogger("falkirk.runtime")
+
+#: How long a rollback waits for a running job's ``parked`` before it kills the job: a
+#: cancelled epoch ends in about a second; a job stuck elsewhere is killed as before.
+PARK_WAIT_S = 20.0
+#: How long a parked job waits for its rollback to finish before it fails (exit 2): the
+#: supervisor then recovers it as it would a failed job.
+PARK_MAX_S = 600.0
+#: The statuses in the log of job runs of a job process that still runs.
+RUNNING_STATUSES = ("started", "resumed", "parked")
+
+
+class ParkTimeout(FalkirkError):
+    """A parked job's rollback did not finish in time."""
+
+
+class FenceWatch:
+    """Looks for a fence of the job's regions every ``interval_s`` (in a thread, with an
+    epoch log of its own: the job's caches its reads). Once fenced, it cancels the
+    session's Spark jobs every look until :meth:`stop`: an epoch that starts a Spark job
+    after a cancel is cancelled too."""
+
+    def __init__(self, epoch_log: EpochLog, pipeline: str, regions: list[str],
+                 generation: int, spark: Any, interval_s: float = 1.0):
+        self.log = EpochLog(epoch_log.root, epoch_log.storage_options)
+        self.pipeline, self.regions, self.generation = pipeline, regions, generation
+        self.spark, self.interval_s = spark, interval_s
+        self.fenced: int | None = None  # the generation that fenced us
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="falkirk-fence-watch",
+                                        daemon=True)
+
+    def start(self) -> FenceWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if self.fenced is None:
+                try:
+                    self.fenced = self.log.fenced(self.pipeline, self.regions, self.generation)
+                except Exception:  # a failed look: the next one (and the commit's) decide
+                    log.warning("looking for a fence failed", exc_info=True)
+                    continue
+                if self.fenced is not None:
+                    log.warning("a rollback to generation %d fenced %s: cancelling the "
+                                "epoch's Spark jobs to park", self.fenced,
+                                "+".join(self.regions))
+            if self.fenced is not None:
+                self.spark.sparkContext.cancelAllJobs()
+
+
+def quiet(spark: Any, timeout_s: float = 30.0) -> bool:
+    """Wait until the session runs no Spark stage and no task (a cancelled task may run
+    on a moment); whether it got there within ``timeout_s``."""
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        infos = tracker.getExecutorInfos()
+        tasks = sum(infos[i].numRunningTasks() for i in range(len(infos)))
+        if not tracker.getActiveStageIds() and tasks == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def wait_for_rollback(epoch_log: EpochLog, pipeline: str, generation: int,
+                      max_s: float = PARK_MAX_S, poll_s: float = 0.5) -> dict:
+    """Wait until a rollback to ``generation`` or later is recorded done; its row."""
+    deadline = time.monotonic() + max_s
+    while True:
+        done = [r for r in epoch_log.rollbacks(pipeline)
+                if r["status"] == "done" and r["generation"] >= generation]
+        if done:
+            return done[-1]
+        if time.monotonic() > deadline:
+            raise ParkTimeout(
+                f"pipeline {pipeline!r}: parked for the rollback to generation {generation} "
+                f"for {max_s:.0f} s and no rollback finished; exiting so the supervisor "
+                "recovers this job")
+        time.sleep(poll_s)
+
+
+def wait_parked(epoch_log: EpochLog, pipeline: str, jobs: list[dict], timeout_s: float,
+                poll_s: float = 0.2) -> set[str]:
+    """Wait until each of ``jobs`` (process infos, :func:`falkirk.runtime.procs.running`)
+    recorded ``parked`` as its latest row of the log of job runs, by the same process;
+    the jobs that did within ``timeout_s`` (one that died meanwhile is not waited for)."""
+    from falkirk.runtime.procs import is_process
+
+    deadline = time.monotonic() + timeout_s
+    parked: set[str] = set()
+    waiting = {info["job"]: info for info in jobs}
+    while waiting:
+        runs = epoch_log.job_runs(pipeline)
+        for job, info in list(waiting.items()):
+            row = runs.get(job) or {}
+            if row.get("status") == "parked" and row.get("pid") == info["pid"]:
+                parked.add(job)
+                del waiting[job]
+            elif not is_process(info["pid"], info.get("process_started")):
+                del waiting[job]
+        if not waiting or time.monotonic() > deadline:
+            break
+        time.sleep(poll_s)
+    return parked

@@ -1,0 +1,155 @@
+"""A running job that a rollback moves back parks in its warm driver and resumes there
+(falkirk.runtime.park), instead of being killed and started cold; and the rollback plans
+only after the job acknowledged, so a row the job recorded late is in the plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+
+import pytest
+from tiny_pipeline import SCHEMA, TABLE_SCHEMA
+
+from falkirk import faults
+from falkirk.config import load
+from falkirk.io.delta import EpochWriter
+from falkirk.io.lake import read_table
+from falkirk.log.epochlog import EpochLog, EpochRecord
+from falkirk.model.topology import Pipeline
+from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
+from falkirk.runtime import park, procs
+from falkirk.runtime.runner import EpochContext, EpochResult, JobDriver, JobLogic
+
+#: ingest's epochs are logged (no job runs it here); mirror copies each epoch of t_in.
+PIPE = Pipeline.from_dict({
+    "pipeline": "parkway",
+    "settings": {"epoch_seconds": 10, "origin_ms": 0},
+    "regions": {"ingest": {"regime": "ephemeral", "job": "jobs/a.py"},
+                "mirror": {"regime": "ephemeral", "job": "jobs/mirror.py"}},
+    "edges": {"src": {"kind": "kafka", "to": "ingest", "topic": "src"},
+              "t_in": {"kind": "delta", "from": "ingest", "to": "mirror", "table": "t_in"},
+              "t_copy": {"kind": "delta", "from": "mirror", "table": "t_copy"}},
+})
+EPOCHS = 6
+
+
+class Mirror(JobLogic):
+    regions = ("mirror",)
+
+    def process(self, ctx: EpochContext) -> EpochResult:
+        rows = ctx.inputs["t_in"]
+        return EpochResult(outputs={"t_copy": rows.filter(rows["epoch"] == ctx.epoch)})
+
+
+@pytest.fixture
+def lane(tmp_path, monkeypatch, spark):
+    """ingest's epochs 0..5 in t_in and the log; the schemas where the pipeline finds them."""
+    monkeypatch.chdir(tmp_path)
+    tables = tmp_path / "schemas" / "tables"
+    tables.mkdir(parents=True)
+    for name in ("t_in", "t_copy"):
+        (tables / f"{name}.json").write_text(json.dumps(TABLE_SCHEMA))
+    cfg = replace(load(), lake=str(tmp_path / "lake"))
+    log = EpochLog.from_config(cfg)
+    w = EpochWriter(spark, cfg.table("t_in"), "ingest", 0, SCHEMA)
+    w.ensure_table()
+    for k in range(EPOCHS):
+        w.write_epoch(spark.createDataFrame([(k, f"in{k}")], "epoch long, value string"), k)
+    log.record(*(EpochRecord("parkway", "ingest", k, 0, "committed",
+                             inputs={"src": {"from": {"0": k}, "to": {"0": k + 1}}},
+                             outputs={"t_in": {"table": "t_in", "version": k + 1}})
+                 for k in range(EPOCHS)))
+    return cfg, log
+
+
+@pytest.mark.slow
+def test_a_row_recorded_after_the_fence_is_in_the_plan_and_the_job_resumes_warm(
+        lane, tmp_path, monkeypatch, spark):
+    """Forced interleaving: the job is held after its fence check of epoch 3, its t_copy
+    commit made and its row not yet recorded; the rollback (mirror back to epoch 1) fences
+    it then, and its stop releases the job, which records epoch 3 *after* the fence. The
+    rollback plans only once the job acknowledged (``parked``): the late row is in the
+    plan, invalidated, and its commit restored away. Then the job resumes in the same
+    driver, in the new generation, and every epoch is in t_copy exactly once. (Planning
+    without waiting for the acknowledgement leaves epoch 3 committed over the restored
+    table: its rows are lost.)"""
+    cfg, log = lane
+    monkeypatch.setenv(faults.HOLD_ENV, "runner:fence-checked@4")  # epoch 3's
+    monkeypatch.setenv(faults.HOLD_DIR_ENV, str(tmp_path))
+    driver = JobDriver(PIPE, Mirror(), spark, cfg=cfg, watch_interval_s=0.2)
+    result: dict = {}
+
+    def drive() -> None:
+        try:
+            result["last"] = driver.run(until=EPOCHS - 1, poll_s=0.1)
+        except BaseException as exc:  # the test thread reports it
+            result["error"] = exc
+
+    job = threading.Thread(target=drive)
+    job.start()
+    reached = faults.hold_file(tmp_path, "runner:fence-checked", "reached")
+    for _ in range(1200):  # the hold is the sync point; this only bounds a broken run
+        if reached.exists() or not job.is_alive():
+            break
+        job.join(0.1)
+    assert reached.exists(), result
+
+    me = {"job": "jobs/mirror.py", "pid": os.getpid(),
+          "process_started": procs.process_started(os.getpid())}
+    acknowledged: list[set[str]] = []
+
+    def stop(regions: set[str]) -> None:  # what stop_regions(park_s=…) does, in-process
+        assert regions == {"mirror"}
+        faults.hold_file(tmp_path, "runner:fence-checked", "release").write_text("")
+        acknowledged.append(park.wait_parked(log, "parkway", [me], timeout_s=60))
+
+    plan = RollbackExecutor(PIPE, cfg, log, stop_regions=stop).run(RollbackRequest(
+        "parkway", region="mirror", to_epoch=1, reason="test: park", dry_run=False))
+    job.join(120)
+    assert not job.is_alive() and "error" not in result, result
+    assert acknowledged == [{"jobs/mirror.py"}]
+    # the late row (epoch 3, generation 0) was in the log the plan was made from
+    assert {(i["time"], i["generation"]) for i in plan.invalidate} >= {(2, 0), (3, 0)}
+    assert plan.frontiers["mirror"] == 1 and plan.generation == 1
+    assert result["last"] == EPOCHS - 1 and driver.parked == 1
+    copied = sorted(read_table(cfg.table("t_copy")).column("epoch").to_pylist())
+    assert copied == list(range(EPOCHS))  # none lost, none twice
+    runs = [(r["status"], r["generation"]) for r in log.job_run_rows("parkway")]
+    assert runs == [("started", 0), ("parked", 0), ("resumed", 1)]
+    good = {(r.time, r.generation) for r in log.regions(PIPE)["mirror"].restorable("ephemeral")}
+    assert good == {(0, 0), (1, 0), *((k, 1) for k in range(2, EPOCHS))}
+
+
+def test_a_job_that_does_not_park_in_time_is_stopped(tmp_path, monkeypatch):
+    """A running job that never acknowledges (no driver: a plain sleep here) is stopped
+    after ``park_s`` and gets its ``stopped`` row, as without parking; a batch run of one
+    epoch (``--epoch``) is not waited for at all."""
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path / "var"))
+    cfg = replace(load(), lake=str(tmp_path / "lake"), var_dir=str(tmp_path / "var"))
+    procs_started = []
+    for job, args in (("jobs/mirror.py", []), ("jobs/a.py", ["--epoch", "3"])):
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", *args],
+                             start_new_session=True)
+        procs_started.append(p)
+        procs.record_job_process(PIPE, job, p.pid, procs.process_started(p.pid),
+                                 [sys.executable, job, *args], cfg)
+    try:
+        import time
+
+        t0 = time.monotonic()
+        stopped = procs.stop_regions(PIPE, {"mirror", "ingest"}, cfg, park_s=1.5)
+        waited = time.monotonic() - t0
+        assert sorted(stopped) == ["jobs/a.py", "jobs/mirror.py"]
+        assert all(p.wait(5) is not None for p in procs_started)
+        runs = EpochLog.from_config(cfg).job_runs("parkway")
+        assert {j: r["status"] for j, r in runs.items()} == {"jobs/a.py": "stopped",
+                                                            "jobs/mirror.py": "stopped"}
+        assert waited >= 1.5  # the stream job was given its time to park
+    finally:
+        for p in procs_started:
+            if p.poll() is None:
+                p.kill()
