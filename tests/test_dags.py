@@ -545,7 +545,7 @@ def test_recover_looks_up_the_dead_jobs_itself_not_in_the_watchs_xcom(sandbox, m
         def xcom_push(self, key, value):
             self.pushed[key] = value
 
-    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions, cfg=None: [])
+    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions, cfg=None, park_s=0.0: [])
     monkeypatch.setattr(streams, "rerun_batch_epochs", lambda pipe, inv, cfg=None: {})
     out = supervisor.recover("reference", WatchEndedByItsTrigger())
     rollbacks = log.rollbacks("reference")
@@ -589,7 +589,7 @@ def test_the_watchs_trigger_recovers_each_death_itself_and_watches_on(sandbox, m
         return proc
 
     monkeypatch.setattr(procs, "start_job", launch)
-    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions, cfg=None: [])
+    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions, cfg=None, park_s=0.0: [])
     monkeypatch.setattr(streams, "rerun_batch_epochs", lambda pipe, inv, cfg=None: {})
     run_id = "scheduled__2026-12-03T14:00:00+00:00"
     try:
@@ -761,7 +761,7 @@ def test_the_supervisor_starts_nothing_while_paused_and_resumes_a_crashed_rollba
         return {}
 
     monkeypatch.setattr(streams, "start_streams", start_streams)
-    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions: [])
+    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions, cfg=None, park_s=0.0: [])
     marker = streams.pause_marker(pipeline)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
@@ -816,7 +816,7 @@ def test_a_job_killed_between_watches_is_rolled_back_before_it_starts_again(
     assert streams.dead_jobs(pipeline, killed_only=True) == {}  # stopped: not a death
 
     monkeypatch.setattr(procs, "start_job", launch)
-    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions, cfg=None: [])
+    monkeypatch.setattr(procs, "stop_regions", lambda pipe, regions, cfg=None, park_s=0.0: [])
     monkeypatch.setattr(streams, "rerun_batch_epochs", lambda pipe, inv, cfg=None: {})
     supervisor.start("reference")  # nothing ran yet: only starts, no rollback
     assert sorted(j for j, _ in started) == sorted(streams.stream_jobs(pipeline))

@@ -153,3 +153,26 @@ def test_a_job_that_does_not_park_in_time_is_stopped(tmp_path, monkeypatch):
         for p in procs_started:
             if p.poll() is None:
                 p.kill()
+
+
+def test_a_job_whose_driver_parked_is_left_running(tmp_path):
+    """The acknowledgement comes from the job's Python driver, a child of the process
+    spark-submit started (the JVM), which the job's process file names: a ``parked`` row
+    from that process group counts, and the job is neither stopped nor returned."""
+    cfg = replace(load(), lake=str(tmp_path / "lake"), var_dir=str(tmp_path / "var"))
+    driver = (f"from falkirk.log.epochlog import EpochLog; "
+              f"EpochLog({cfg.table('_falkirk_log')!r}).record_job_run("
+              f"'parkway', 'jobs/mirror.py', ['mirror'], 0, 'parked'); "
+              f"import time; time.sleep(600)")
+    leader = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "{driver}"; exit 0'],
+                              start_new_session=True)
+    try:
+        procs.record_job_process(PIPE, "jobs/mirror.py", leader.pid,
+                                 procs.process_started(leader.pid), ["spark-submit"], cfg)
+        assert procs.stop_regions(PIPE, {"mirror"}, cfg, park_s=60) == []
+        assert leader.poll() is None  # left running: it resumes by itself
+        row = EpochLog.from_config(cfg).job_runs("parkway")["jobs/mirror.py"]
+        assert row["status"] == "parked" and row["pid"] != leader.pid
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait(5)

@@ -118,8 +118,10 @@ def wait_for_rollback(epoch_log: EpochLog, pipeline: str, generation: int,
 def wait_parked(epoch_log: EpochLog, pipeline: str, jobs: list[dict], timeout_s: float,
                 poll_s: float = 0.2) -> set[str]:
     """Wait until each of ``jobs`` (process infos, :func:`falkirk.runtime.procs.running`)
-    recorded ``parked`` as its latest row of the log of job runs, by the same process;
-    the jobs that did within ``timeout_s`` (one that died meanwhile is not waited for)."""
+    recorded ``parked`` as its latest row of the log of job runs, from its own process
+    group (the row names the Python driver, a child of spark-submit's JVM, which the info
+    names); the jobs that did within ``timeout_s`` (one that died meanwhile is not waited
+    for)."""
     from falkirk.runtime.procs import is_process
 
     deadline = time.monotonic() + timeout_s
@@ -129,7 +131,7 @@ def wait_parked(epoch_log: EpochLog, pipeline: str, jobs: list[dict], timeout_s:
         runs = epoch_log.job_runs(pipeline)
         for job, info in list(waiting.items()):
             row = runs.get(job) or {}
-            if row.get("status") == "parked" and row.get("pid") == info["pid"]:
+            if row.get("status") == "parked" and _in_group(row.get("pid"), info):
                 parked.add(job)
                 del waiting[job]
             elif not is_process(info["pid"], info.get("process_started")):
@@ -138,3 +140,17 @@ def wait_parked(epoch_log: EpochLog, pipeline: str, jobs: list[dict], timeout_s:
             break
         time.sleep(poll_s)
     return parked
+
+
+def _in_group(pid: object, info: dict) -> bool:
+    """Process ``pid`` is the job's process or runs in its process group."""
+    import os
+
+    if not isinstance(pid, int):
+        return False
+    if pid == info["pid"]:
+        return True
+    try:
+        return os.getpgid(pid) == info.get("pgid", info["pid"])
+    except OSError:
+        return False
