@@ -77,6 +77,11 @@ class Config:
     # 3 s idle, 10-50 s under the fault campaign's load), and not for a scheduler that
     # died with the job. False: the trigger only ends the watch and ``recover`` does it.
     recover_in_trigger: bool = True
+    # The supervisor's rollback lets a running stream job it moves back park in its warm
+    # driver and resume there (falkirk.runtime.park) instead of killing and restarting it
+    # cold. False ($FALKIRK_PARK_MOVED_JOBS=0): such jobs are killed, as the rollback DAG
+    # and the CLI do.
+    park_moved_jobs: bool = True
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""

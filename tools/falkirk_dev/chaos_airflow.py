@@ -429,6 +429,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
     Airflow, plus each kill's ``rollback_done_s``: the supervisor's part). ``targets`` and
     ``strikes`` (at most that many) narrow it for CI's short variant; ``every_s``: strikes
     on a clock, not waiting for recovery (see :class:`AirflowCampaign`)."""
+    from falkirk.config import load
     from falkirk_dev.chaos import outcome
     from falkirk_dev.demo.airflow import AirflowDemo
     from falkirk_dev.harness import compare
@@ -487,7 +488,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         **profiled,
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
         "standby_drivers": standby, "engines": "local", "airflow": True,
-        "strike_every_s": every_s,
+        "park_moved_jobs": load().park_moved_jobs, "strike_every_s": every_s,
         "sent": sent, "events": c.kills,
     }
 

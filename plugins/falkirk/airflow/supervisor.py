@@ -62,15 +62,18 @@ def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
     """Roll back the dead jobs' regions (as failed), restart every job stopped or moved,
     and rerun the batch epochs the rollback invalidated (as the rollback DAG does).
     A running job the rollback moves back parks in its warm driver and resumes by itself
-    (:mod:`falkirk.runtime.park`); one that does not park in time is stopped and
-    restarted. ``say``: where progress goes (default: this module's log)."""
+    (:mod:`falkirk.runtime.park`; the config's ``park_moved_jobs``); one that does not
+    park in time is stopped and restarted. ``say``: where progress goes (default: this
+    module's log)."""
+    from falkirk.config import load
     from falkirk.runtime.park import PARK_WAIT_S
 
     say = say or log.info
     stopped: list[str] = []
+    park_s = PARK_WAIT_S if load().park_moved_jobs else 0.0
 
     def stop(regions: set[str]) -> None:
-        stopped.extend(procs.stop_regions(pipe, regions, park_s=PARK_WAIT_S))
+        stopped.extend(procs.stop_regions(pipe, regions, park_s=park_s))
 
     failed = sorted({r for regions in dead.values() for r in regions})
     request = RollbackRequest(pipe.name, failed=failed, dry_run=False,
