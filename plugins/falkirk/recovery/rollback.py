@@ -7,8 +7,9 @@ consistent pipeline.
    machine, is refused while one runs).
 3. Fence the affected regions (their jobs may no longer record an epoch: the new
    generation is recorded for them) and stop the jobs hosting them (a hook: the
-   supervisor or the caller's); then plan again from the log as it is, until the plan
-   affects no region that still runs.
+   supervisor's lets a running stream job park and waits for its acknowledgement,
+   falkirk.runtime.park; the caller's kills); then plan again from the log as it is,
+   until the plan affects no region that still runs.
 4. Record the rollback (with its plan and the new generation) before changing anything.
 5. Restore every Delta output table of an affected region to the version its frontier
    epoch committed (a RESTORE commit, by delta-rs: no Spark session to start); invalidate
