@@ -66,18 +66,23 @@ def crash_at(point: str, nth: int = 1) -> str:
     return point if nth == 1 else f"{point}@{int(nth)}"
 
 
-def maybe_crash(point: str) -> None:
-    """SIGKILL this process if the trial asked to crash at ``point`` (this time)."""
-    value = os.environ.get(ENV)
+def _now(env: str, point: str, counts: dict[str, int]) -> bool:
+    """The variable ``env`` names ``point`` and this is the time it asks for (counted in
+    ``counts``, per point)."""
+    value = os.environ.get(env)
     if not value:
-        return
+        return False
     target, nth = parse(value)
     if target != point:
-        return
+        return False
     with _counting:
-        _reached[point] = _reached.get(point, 0) + 1
-        now = _reached[point] == nth
-    if now:
+        counts[point] = counts.get(point, 0) + 1
+        return counts[point] == nth
+
+
+def maybe_crash(point: str) -> None:
+    """SIGKILL this process if the trial asked to crash at ``point`` (this time)."""
+    if _now(ENV, point, _reached):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -89,16 +94,7 @@ def hold_file(folder: str | os.PathLike, point: str, what: str) -> Path:
 def maybe_hold(point: str) -> None:
     """Wait at ``point`` until released, if a test asked to hold there (this time:
     ``FALKIRK_HOLD_AT=<point>@<N>`` holds the N-th time, as a crash does)."""
-    value = os.environ.get(HOLD_ENV)
-    if not value:
-        return
-    target, nth = parse(value)
-    if target != point:
-        return
-    with _counting:
-        _held[point] = _held.get(point, 0) + 1
-        now = _held[point] == nth
-    if not now:
+    if not _now(HOLD_ENV, point, _held):
         return
     folder = os.environ[HOLD_DIR_ENV]
     hold_file(folder, point, "reached").write_text(str(os.getpid()))
