@@ -362,13 +362,11 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     waited = min(waited, max(0.0, total - rollback - start))
     # a job whose start row names a process that ran before the kill was a standby's
     end = t_kill + timedelta(seconds=total)
-    took = sorted({row["job"] for row in job_runs
-                   if row["status"] == "started" and row["generation"] >= g
-                   and t_kill < row["recorded_at"] <= end
+    within = [row for row in job_runs  # the recovery's rows of its generation or later
+              if row["generation"] >= g and t_kill < row["recorded_at"] <= end]
+    took = sorted({row["job"] for row in within if row["status"] == "started"
                    and (row.get("process_started") or float("inf")) < t_kill.timestamp()})
-    resumed = sorted({row["job"] for row in job_runs
-                      if row["status"] == "resumed" and row["generation"] >= g
-                      and t_kill < row["recorded_at"] <= end})
+    resumed = sorted({row["job"] for row in within if row["status"] == "resumed"})
     return {"region": last.region, "epoch": last.epoch,
             "waited_on": waited_on if waited else None, "standby_took": took,
             "resumed_in_place": resumed,

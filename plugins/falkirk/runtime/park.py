@@ -21,6 +21,7 @@ times slower than a warm one). A job that parks keeps its warm session:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -143,9 +144,7 @@ def wait_parked(epoch_log: EpochLog, pipeline: str, jobs: list[dict], timeout_s:
 
 
 def _in_group(pid: object, info: dict) -> bool:
-    """Process ``pid`` is the job's process or runs in its process group."""
-    import os
-
+    """Process ``pid`` is the job's process, or runs in its process group."""
     if not isinstance(pid, int):
         return False
     if pid == info["pid"]:

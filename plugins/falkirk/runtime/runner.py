@@ -49,7 +49,13 @@ from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.model.schemas import arrow_schema, ddl, find, use_pipeline
 from falkirk.model.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
 from falkirk.model.topology import EdgeSpec, Pipeline
-from falkirk.runtime.park import RUNNING_STATUSES
+from falkirk.runtime.park import (
+    PARK_WAIT_S,
+    RUNNING_STATUSES,
+    FenceWatch,
+    quiet,
+    wait_for_rollback,
+)
 
 log = logging.getLogger("falkirk.runtime")
 
@@ -304,7 +310,7 @@ class JobRunner:
             self.positions[e.name] = self._start_offsets(e, logs)
         self.writers: dict[tuple[str, str], Any] = {}
         self.topics_made: set[str] = set()  # output topics known to exist as declared
-        self.watch: Any = None  # a falkirk.runtime.park.FenceWatch, when the job parks
+        self.watch: FenceWatch | None = None  # set when the job parks (JobDriver)
 
     # -- setup --------------------------------------------------------------------------
 
@@ -996,8 +1002,6 @@ class JobDriver:
     def run(self, start: dict[str, int] | None = None, until: int | None = None,
             poll_s: float = 0.5, idle_timeout_s: float | None = None) -> int:
         """Run until ``until`` or the input ends (see :meth:`JobRunner.run`)."""
-        from falkirk.runtime.park import FenceWatch
-
         runner = self._begin(start, "started")
         while True:
             watch, fence = None, None
@@ -1025,8 +1029,6 @@ class JobDriver:
     def _wait_parked(self, runner: JobRunner, fence: int) -> dict:
         """Acknowledge the fence once nothing of this job runs, then wait for the rollback
         (the acknowledgement is what the rollback plans after); its done row."""
-        from falkirk.runtime.park import PARK_WAIT_S, quiet, wait_for_rollback
-
         if not quiet(self.spark, PARK_WAIT_S / 2):
             raise RuntimeFailure(f"job {'+'.join(runner.regions)}: Spark tasks still ran "
                                  f"{PARK_WAIT_S / 2:.0f} s after the fence's cancel; "
