@@ -46,9 +46,32 @@ def pytest_terminal_summary(terminalreporter, config):
             terminalreporter.write_line(f"{item.nodeid}: {why}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def engine_home(tmp_path_factory):
+    """The Spark Connect engine of the suite: the local profile's, started by the first
+    job or session that needs it (falkirk.local.engine.ensure), with its log and process
+    record in a folder of the session's, and stopped at the end if this session started
+    it. Every Spark session of the suite, the tests' own and those of the jobs they start,
+    is one of its clients."""
+    from falkirk.config import load
+    from falkirk.local.engine import stop_local
+
+    folder = tmp_path_factory.mktemp("engine")
+    before = os.environ.get("FALKIRK_ENGINE_DIR")
+    os.environ["FALKIRK_ENGINE_DIR"] = str(folder)
+    yield folder
+    stop_local(load("local"))
+    if before is None:
+        os.environ.pop("FALKIRK_ENGINE_DIR", None)
+    else:
+        os.environ["FALKIRK_ENGINE_DIR"] = before
+
+
 @pytest.fixture(scope="module")
 def spark():
-    """A local[2] Spark session, reused by every test of a module (cold start 5–8 s)."""
+    """A Spark session reused by every test of a module: on the suite's engine (a
+    Connect session: about a second), or with ``FALKIRK_SPARK_REMOTE=`` an application of
+    its own (local[2], a cold start of 5–8 s)."""
     from falkirk.io.spark import session
 
     s = session("falkirk-tests")

@@ -82,6 +82,23 @@ class Config:
     # cold. False ($FALKIRK_PARK_MOVED_JOBS=0): such jobs are killed, as the rollback DAG
     # and the CLI do.
     park_moved_jobs: bool = True
+    # Spark Connect (``sc://host:port``): every job is a thin client of one long-running
+    # Spark application, the engine, in a Spark session of its own. A job's start is then
+    # a Python process and a session (about a second), not a driver JVM, and its epochs run
+    # warm; a killed job's server-side work is interrupted and its session released by
+    # the rollback that stops it (falkirk.io.spark.release_session). Empty: every job is
+    # a Spark application of its own (spark-submit, a driver JVM each).
+    spark_remote: str = ""
+    # falkirk starts the engine at ``spark_remote`` itself (falkirk.local.engine) when
+    # nothing answers there: the embedded default, like the local broker.
+    local_engine: bool = False
+    # The engine's master and heap (its JVM hosts every job's session).
+    engine_master: str = "local[2]"
+    engine_memory: str = "3g"
+    # Where the engine falkirk starts keeps its log and process record (default:
+    # <var_dir>/engine): one engine per machine serves sandboxes with var folders of
+    # their own.
+    engine_dir: str = ""
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""
@@ -194,6 +211,9 @@ PROFILES: dict[str, Config] = {
         spark_master="local[2]",
         spark_driver_java_options=LOCAL_DRIVER_JAVA_OPTIONS,
         broker_data_dir=str(STATE_DIR / "broker"),
+        spark_remote="sc://127.0.0.1:15002",
+        local_engine=True,
+        engine_dir=str(STATE_DIR / "engine"),
     ),
     # The local cluster of `bin/cluster up` (tools/falkirk_dev/cluster.py): a Spark
     # standalone master with 2 workers, 3 Kafka brokers and S3Proxy, each a separate

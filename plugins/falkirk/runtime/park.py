@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from falkirk.errors import FalkirkError
+from falkirk.io.spark import cancel_all
 from falkirk.log.epochlog import EpochLog
 
 log = logging.getLogger("falkirk.runtime")
@@ -82,21 +83,7 @@ class FenceWatch:
                                 "epoch's Spark jobs to park", self.fenced,
                                 "+".join(self.regions))
             if self.fenced is not None:
-                self.spark.sparkContext.cancelAllJobs()
-
-
-def quiet(spark: Any, timeout_s: float = 30.0) -> bool:
-    """Wait until the session runs no Spark stage and no task (a cancelled task may run
-    on a moment); whether it got there within ``timeout_s``."""
-    tracker = spark.sparkContext._jsc.sc().statusTracker()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        infos = tracker.getExecutorInfos()
-        tasks = sum(infos[i].numRunningTasks() for i in range(len(infos)))
-        if not tracker.getActiveStageIds() and tasks == 0:
-            return True
-        time.sleep(0.1)
-    return False
+                cancel_all(self.spark)
 
 
 def wait_for_rollback(epoch_log: EpochLog, pipeline: str, generation: int,
