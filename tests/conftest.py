@@ -48,23 +48,28 @@ def pytest_terminal_summary(terminalreporter, config):
 
 @pytest.fixture(scope="session", autouse=True)
 def engine_home(tmp_path_factory):
-    """The Spark Connect engine of the suite: the local profile's, started by the first
-    job or session that needs it (falkirk.local.engine.ensure), with its log and process
-    record in a folder of the session's, and stopped at the end if this session started
-    it. Every Spark session of the suite, the tests' own and those of the jobs they start,
-    is one of its clients."""
+    """The Spark Connect engine of the suite: the local profile's (on a port of its own,
+    so a demo's engine beside the suite is not shared), started by the first job or
+    session that needs it (falkirk.local.engine.ensure), with its log and process record
+    in a folder of the session's, and stopped when the session ends. Every Spark session
+    of the suite, the tests' own and those of the jobs they start, is one of its clients.
+    ``FALKIRK_SPARK_REMOTE=`` runs the suite with an application per job instead."""
     from falkirk.config import load
+    from falkirk.local.broker import free_port
     from falkirk.local.engine import stop_local
 
     folder = tmp_path_factory.mktemp("engine")
-    before = os.environ.get("FALKIRK_ENGINE_DIR")
-    os.environ["FALKIRK_ENGINE_DIR"] = str(folder)
+    settings = {"FALKIRK_LOCAL_ENGINE_DIR": str(folder),
+                "FALKIRK_LOCAL_SPARK_REMOTE": f"sc://127.0.0.1:{free_port()}"}
+    before = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
     yield folder
     stop_local(load("local"))
-    if before is None:
-        os.environ.pop("FALKIRK_ENGINE_DIR", None)
-    else:
-        os.environ["FALKIRK_ENGINE_DIR"] = before
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

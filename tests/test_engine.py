@@ -170,3 +170,22 @@ def test_a_killed_clients_call_is_interrupted_when_its_session_is_released(tmp_p
             os.killpg(proc.pid, 9)
     assert DeltaTable(uri).version() == 0
     assert DeltaTable(uri).to_pyarrow_table().num_rows == 0
+
+
+def test_a_job_waiting_for_input_learns_that_the_engine_is_gone(tmp_path):
+    """A job that waits for its input makes no call that would find its session gone with
+    a dead engine: its fence watch looks for the engine every second and, after a few
+    looks without an answer, says it is lost (the runner then fails the job, for the
+    supervisor to recover it)."""
+    from falkirk.local.broker import free_port
+    from falkirk.log.epochlog import EpochLog
+    from falkirk.runtime.park import FenceWatch
+
+    log = EpochLog(str(tmp_path / "lake" / "_falkirk"))
+    watch = FenceWatch(log, "tiny", ["agg"], 0, spark=None, interval_s=0.05,
+                       engine=f"sc://127.0.0.1:{free_port()}").start()
+    try:
+        wait_until(lambda: watch.engine_lost, "the watch to find the engine gone", 10)
+    finally:
+        watch.stop()
+    assert watch.fenced is None

@@ -7,7 +7,8 @@ local Kafka broker and runs Spark as local[2].
 Kafka brokers, the lake on an S3-compatible object store), or a remote one by overrides.
 ``FALKIRK_ENV=compose`` is the same cluster in the containers of docker-compose.yml (which
 is generated from it). Single values can be overridden with
-``FALKIRK_<FIELD>`` (for tests that need their own folder or broker port).
+``FALKIRK_<FIELD>``, or for one profile only with ``FALKIRK_<PROFILE>_<FIELD>`` (for tests
+that need their own folder, broker or engine port).
 """
 
 from __future__ import annotations
@@ -308,7 +309,11 @@ def load(env: str | None = None) -> Config:
     cfg = PROFILES[name]
     overrides = {}
     for f in fields(Config):
-        value = os.environ.get(f"FALKIRK_{f.name.upper()}")
+        # FALKIRK_<PROFILE>_<FIELD> overrides a field of that profile only (the test suite
+        # gives the local engine a port of its own and leaves the cluster profile's be),
+        # FALKIRK_<FIELD> of any profile.
+        value = os.environ.get(f"FALKIRK_{name.upper()}_{f.name.upper()}",
+                               os.environ.get(f"FALKIRK_{f.name.upper()}"))
         if value is None or f.name in ("env", "storage_options", "object_store_credentials"):
             continue
         if f.type in ("int", int):
@@ -317,6 +322,14 @@ def load(env: str | None = None) -> Config:
             overrides[f.name] = value.lower() in ("1", "true", "yes")
         else:
             overrides[f.name] = value
+    merged = replace(cfg, **{k: v for k, v in overrides.items() if k in ("standby_drivers",
+                                                                         "spark_remote")})
+    if merged.standby_drivers and merged.spark_remote:
+        raise ConfigError(
+            f"FALKIRK_ENV={name}: standby_drivers={merged.standby_drivers} keeps Spark driver "
+            f"JVMs warm for jobs that are applications of their own, but this profile's jobs "
+            f"are clients of the engine at {merged.spark_remote}, warm already "
+            "(FALKIRK_STANDBY_DRIVERS=0, or FALKIRK_SPARK_REMOTE= for applications)")
     if cfg.storage_options:  # an object store: its credentials are never in the repository
         endpoint = os.environ.get("FALKIRK_S3_ENDPOINT")
         opts = dict(cfg.storage_options)

@@ -106,6 +106,10 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     cfg = cfg or load()
     if cfg.spark_remote:
         return remote_session(cfg, **conf)
+    # pyspark marks a process that made a Connect session (and every process it starts,
+    # through the environment) as a Connect one, whose builder then refuses to start a
+    # JVM: this session is an application of its own.
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     local = cfg.spark_master.startswith("local")
     if local:  # on a cluster the driver must be reachable from the workers
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -157,8 +161,30 @@ def remote_session(cfg: Config, session_id: str | None = None, **conf: str):
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.create()
+    # The newest session is this process's default and this thread's active one: pyspark
+    # binds a checkpointed frame to the active-or-default session (not to the frame's),
+    # so a process that made another session before (a test module, an Airflow task
+    # process) would get frames of that one, and joins fail with SESSION_NOT_SAME.
+    connect = type(spark)  # pyspark.sql.connect.session.SparkSession
+    with connect._lock:
+        connect._default_session = spark
+    connect._active_session.session = spark
+    if cfg.local_engine:  # an engine that does not answer here is gone: fail, be recovered
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        spark.client.set_retry_policies([DefaultPolicy(
+            max_retries=LOCAL_ENGINE_RETRIES, backoff_multiplier=2.0, initial_backoff=100,
+            max_backoff=2000)])
     spark.registerProgressHandler(_StageCounter(spark))
     return spark
+
+
+#: A client of this machine's engine retries a call that found it not answering this many
+#: times (0.1 s doubling to 2 s: about 6 s in all). Spark's default waits up to 10
+#: minutes for a remote server; a local engine that does not answer for seconds has died
+#: with every session on it, and the job's death is what makes the supervisor recover it
+#: (and start the engine again).
+LOCAL_ENGINE_RETRIES = 6
 
 
 def is_remote(spark) -> bool:

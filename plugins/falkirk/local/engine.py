@@ -75,10 +75,11 @@ def answering(remote: str) -> bool:
         return False
 
 
-def engine_conf(cfg: Config, host: str, port: int, folder: Path) -> dict[str, str]:
+def engine_conf(cfg: Config, host: str, port: int, where: Path) -> dict[str, str]:
     """The server's Spark settings: the profile's launch settings (jars, Delta, the
-    class-data archive) with the engine's master, heap and Connect service."""
-    pools = folder / "fair-pools.xml"
+    class-data archive) with the engine's master, heap and Connect service (its FAIR
+    pools' file goes to ``where``)."""
+    pools = where / "fair-pools.xml"
     pools.write_text(FAIR_POOLS)
     conf = {
         **cfg.launch_conf(),
@@ -297,6 +298,18 @@ def stop_local(cfg: Config | None = None) -> bool:
         return False
     stop_group(info["pgid"])
     return True
+
+
+def kill_local(cfg: Config | None = None) -> int | None:
+    """SIGKILL the engine :func:`ensure` started (a crash, for fault campaigns); its pid,
+    or None when none ran. Every session on it is gone; the next job started starts it
+    again."""
+    cfg = cfg or load()
+    info = _recorded(folder(cfg))
+    if info is None:
+        return None
+    stop_group(info["pgid"], signals=(signal.SIGKILL,))
+    return info["pid"]
 
 
 def status(cfg: Config | None = None) -> dict:

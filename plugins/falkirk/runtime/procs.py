@@ -63,9 +63,22 @@ def job_command(job: str | Path, args: list[str], cfg: Config | None = None,
     return [str(submit), "--master", cfg.spark_master, *confs, str(Path(job).resolve()), *args]
 
 
+def as_application(cfg: Config) -> tuple[Config, dict[str, str]]:
+    """``cfg`` with every job a Spark application of its own (no engine: what a standby
+    driver or a driver benchmark needs), and the environment that makes a child process
+    load its profile so."""
+    from dataclasses import replace
+
+    return replace(cfg, spark_remote=""), {
+        "FALKIRK_SPARK_REMOTE": "", f"FALKIRK_{cfg.env.upper()}_SPARK_REMOTE": ""}
+
+
 def job_env() -> dict[str, str]:
     """The environment a job starts in: this interpreter for Spark's Python, loopback locally."""
     env = dict(os.environ)
+    # pyspark marks a process that made a Connect session as one, for its children too: a
+    # job decides by its own profile (a Connect client sets the mark itself).
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if load().spark_master.startswith("local"):  # a cluster's workers must reach the driver

@@ -405,6 +405,11 @@ class JobRunner:
             e = self.next_epoch
             if self.watch is not None and self.watch.fenced is not None:
                 self._fenced(self.watch.fenced, f"epoch {e} is not started")
+            if self.watch is not None and self.watch.engine_lost:
+                raise RuntimeFailure(
+                    f"job {'+'.join(self.regions)}: the Spark engine at "
+                    f"{self.cfg.spark_remote} stopped answering before epoch {e}; the job's "
+                    "session (its state) is gone with it")
             ready = self._ready(e)
             if ready is None:  # the input ended: nothing more will come
                 self._record_end(e - 1)
@@ -1006,9 +1011,10 @@ class JobDriver:
         while True:
             watch, fence = None, None
             if self.park:
-                watch = runner.watch = FenceWatch(runner.log, self.pipeline.name,
-                                                  runner.regions, runner.generation,
-                                                  self.spark, self.watch_interval_s).start()
+                watch = runner.watch = FenceWatch(
+                    runner.log, self.pipeline.name, runner.regions, runner.generation,
+                    self.spark, self.watch_interval_s,
+                    engine=runner.cfg.spark_remote or None).start()
             try:
                 return runner.run(until_epoch=until, poll_s=poll_s,
                                   idle_timeout_s=idle_timeout_s)
