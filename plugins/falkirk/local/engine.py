@@ -103,6 +103,10 @@ def engine_conf(cfg: Config, host: str, port: int, where: Path) -> dict[str, str
         # defaults: 60 and 5 minutes, long for a machine of 2 cores to carry them).
         "spark.connect.session.manager.defaultSessionTimeout": "10min",
         "spark.connect.execute.manager.detachedTimeout": "60s",
+        # Each call's stages reach its client as progress reports (what a job's log counts
+        # per phase, falkirk.io.spark.jobs_in_group): every 2 s by default, so a call that
+        # ended sooner reported none.
+        "spark.connect.progress.reportInterval": "50ms",
     }
     for item in filter(None, os.environ.get("XX_ENGINE_EXTRA", "").split(";")):  # XX experiment
         k, v = item.split("=", 1)
