@@ -275,7 +275,10 @@ class EpochWriter:
             raise TableSchemaError(
                 f"epoch DataFrame of region {self.region!r} lacks columns {missing} of "
                 f"{self.table_uri}")
-        return df.select([F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in target])
+        from falkirk.io.spark import sql_type
+
+        return df.select([F.col(f"`{f.name}`").cast(sql_type(f.dataType)).alias(f.name)
+                          for f in target])
 
 
 def ensure_table(spark: SparkSession, table_uri: str, schema: pa.Schema,

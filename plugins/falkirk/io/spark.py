@@ -17,7 +17,16 @@ def conform(df, table: str):
     from falkirk.model.schemas import arrow_schema
 
     schema = from_arrow_schema(arrow_schema("tables", table))
-    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
+    return df.select([F.col(f.name).cast(sql_type(f.dataType)).alias(f.name)
+                      for f in schema.fields])
+
+
+def sql_type(data_type) -> str:
+    """A Spark type as SQL names it, for a cast: a Python ``StringType()`` reaches a Spark
+    Connect engine as an *explicitly* collated string (its client sends the collation
+    name), whose Delta schema is then ``string collate UTF8_BINARY``, a type delta-rs and
+    other readers refuse; the engine parses ``string`` as the plain one."""
+    return data_type.simpleString()
 
 
 def dead_letters(rows, epoch):

@@ -542,7 +542,10 @@ class CheckpointStore:
 
         expected = self._check_columns(current.columns, f"a state of {self.uri}")
         target = _spark_types(self.state_schema)
-        return current.select([F.col(f"`{n}`").cast(target[n]).alias(n) for n in expected])
+        from falkirk.io.spark import sql_type
+
+        return current.select([F.col(f"`{n}`").cast(sql_type(target[n])).alias(n)
+                               for n in expected])
 
     # -- comparison ------------------------------------------------------------------------
 

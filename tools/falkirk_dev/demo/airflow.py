@@ -686,6 +686,10 @@ class AirflowDemo:
             self.run.stop_all()  # its standby drivers, if it kept any
         if self.broker is not None:
             self.broker.stop()
+        if not self.keep_airflow and self.run is not None:  # nothing is left to use it
+            from falkirk.local.engine import stop_local
+
+            stop_local(self.run.cfg)
 
 
 def main_airflow(args: Namespace, console, cluster: bool = False) -> int:
