@@ -108,9 +108,6 @@ def engine_conf(cfg: Config, host: str, port: int, where: Path) -> dict[str, str
         # ended sooner reported none.
         "spark.connect.progress.reportInterval": "50ms",
     }
-    for item in filter(None, os.environ.get("XX_ENGINE_EXTRA", "").split(";")):  # XX experiment
-        k, v = item.split("=", 1)
-        conf[k] = v
     if host in ("127.0.0.1", "localhost"):
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
