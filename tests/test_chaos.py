@@ -184,6 +184,12 @@ def test_a_recoverys_parts_split_out_the_wait_for_an_upstream_region_it_did_not_
              "process_started": (t0 - timedelta(seconds=90)).timestamp()}]
     assert chaos_airflow.recovery_parts(kill, records, warm, pipe)["standby_took"] == [
         "jobs/serve.py"]
+    # a batch epoch on the engine runs in its Airflow task's process, which may be older
+    # than the kill: no standby took it
+    batch = [{"job": "jobs/popularity.py", "status": "started", "generation": 5,
+              "recorded_at": t0 + timedelta(seconds=20),
+              "process_started": (t0 - timedelta(seconds=5)).timestamp()}]
+    assert chaos_airflow.recovery_parts(kill, records, batch, pipe)["standby_took"] == []
 
     # a job the rollback moved back that parked and resumed in its running driver
     parked = [*runs, {"job": "jobs/communities.py", "status": "parked", "generation": 4,

@@ -345,6 +345,7 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     (their start row names a process that was running before the kill);
     ``resumed_in_place``: the jobs the rollback moved back that parked in their running
     drivers and resumed there (falkirk.runtime.park: a ``resumed`` row in the recovery)."""
+    from falkirk.airflow.streams import stream_jobs
     from falkirk.runtime.procs import jobs_of
 
     if kill.get("recovery_s") is None or "generation" not in kill:
@@ -383,11 +384,14 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     since = started if started is not None else t_kill
     waited = max(0.0, (ready - since).total_seconds()) if ready is not None else 0.0
     waited = min(waited, max(0.0, total - rollback - start))
-    # a job whose start row names a process that ran before the kill was a standby's
+    # a stream job whose start row names a process that ran before the kill was a
+    # standby's (a batch epoch on an engine runs in its Airflow task's process)
     end = t_kill + timedelta(seconds=total)
     within = [row for row in job_runs  # the recovery's rows of its generation or later
               if row["generation"] >= g and t_kill < row["recorded_at"] <= end]
+    streams = stream_jobs(pipeline)
     took = sorted({row["job"] for row in within if row["status"] == "started"
+                   and row["job"] in streams
                    and (row.get("process_started") or float("inf")) < t_kill.timestamp()})
     resumed = sorted({row["job"] for row in within if row["status"] == "resumed"})
     return {"region": last.region, "epoch": last.epoch,
