@@ -206,9 +206,9 @@ class AirflowCampaign:
             from falkirk.local.engine import kill_local
 
             t = time.monotonic()
-            if kill_local(self.run.cfg) is None:
+            if (pid := kill_local(self.run.cfg)) is None:
                 return  # being started again after the last one
-            self._kill_recorded({"target": ENGINE, "job": ENGINE, "at": t,
+            self._kill_recorded({"target": ENGINE, "job": ENGINE, "at": t, "pid": pid,
                                  "regions": sorted(r for i in alive for r in i["regions"]),
                                  **before})
             self.say("the Spark engine SIGKILLed: every job's session is gone")

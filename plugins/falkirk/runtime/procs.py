@@ -169,7 +169,7 @@ def release_sessions(pipeline: Pipeline, regions: set[str], cfg: Config | None =
     still commit after the rollback that follows. A rollback calls this after its stop:
     the session's operations are interrupted and the session closed. What an
     interruption cannot stop (a commit already writing its log entry) the rollback's
-    fence of the writers' transactions refuses (falkirk.io.delta.fence_writers)."""
+    fence of the writers' transactions refuses (falkirk.io.delta.fence_older_generations)."""
     cfg = cfg or load()
     if not cfg.spark_remote:
         return []
