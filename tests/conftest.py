@@ -46,9 +46,41 @@ def pytest_terminal_summary(terminalreporter, config):
             terminalreporter.write_line(f"{item.nodeid}: {why}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def engine_home(tmp_path_factory):
+    """The Spark Connect engine of the suite: the local profile's (on a port of its own,
+    so a demo's engine beside the suite is not shared), started by the first job or
+    session that needs it (falkirk.local.engine.ensure), with its log and process record
+    in a folder of the session's, and stopped when the session ends. Every Spark session
+    of the suite, the tests' own and those of the jobs they start, is one of its clients.
+    ``FALKIRK_SPARK_REMOTE=`` runs the suite with an application per job instead."""
+    from falkirk.config import load
+    from falkirk.local.broker import free_port
+    from falkirk.local.engine import stop_local
+
+    folder = tmp_path_factory.mktemp("engine")
+    settings = {"FALKIRK_LOCAL_ENGINE_DIR": str(folder),
+                "FALKIRK_LOCAL_SPARK_REMOTE": f"sc://127.0.0.1:{free_port()}"}
+    before = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    yield folder
+    # Frames still referenced when the engine stops release themselves at exit, each with a
+    # call that finds no engine: "GRPC Error received" traces after the summary, not
+    # failures.
+    logging.getLogger("pyspark.sql.connect.logging").setLevel(logging.CRITICAL)
+    stop_local(load("local"))
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(scope="module")
 def spark():
-    """A local[2] Spark session, reused by every test of a module (cold start 5–8 s)."""
+    """A Spark session reused by every test of a module: on the suite's engine (a
+    Connect session: about a second), or with ``FALKIRK_SPARK_REMOTE=`` an application of
+    its own (local[2], a cold start of 5–8 s)."""
     from falkirk.io.spark import session
 
     s = session("falkirk-tests")

@@ -13,6 +13,7 @@ from reference_runs import INPUT
 
 from falkirk_dev import chaos_airflow
 from falkirk_dev.chaos import campaign, outcome
+from falkirk_dev.chaos_airflow import airflow_campaign
 
 
 @pytest.mark.slow
@@ -50,8 +51,6 @@ def test_under_airflow_kills_in_the_middle_of_a_recovery_are_recovered_too(golde
     run ends with the failure-free outputs, every message on the output topics counted."""
     from rich.console import Console
 
-    from falkirk_dev.chaos_airflow import airflow_campaign
-
     result = airflow_campaign(tmp_path, minutes=5, seed=1, data=INPUT, console=Console(),
                               golden=golden, targets=("scheduler", "job"), strikes=2,
                               every_s=10.0)
@@ -65,6 +64,30 @@ def test_under_airflow_kills_in_the_middle_of_a_recovery_are_recovered_too(golde
         if "parts" in kill:
             assert abs(sum(kill["parts"].values()) - kill["recovery_s"]) < 0.05, kill
     assert any("parts" in kill for kill in result["events"]), result["events"]
+    summary = {k: result[k] for k in ("lost", "duplicated", "stuck", "changed_on_resend",
+                                      "outputs_differ")}
+    assert summary == {"lost": 0, "duplicated": 0, "stuck": 0, "changed_on_resend": 0,
+                       "outputs_differ": []}, result
+
+
+@pytest.mark.slow
+def test_under_airflow_the_engine_killed_under_every_job_is_recovered(golden, tmp_path):
+    """CI's variant of the campaign's ``engine`` target: the local Spark Connect engine
+    every stream job is a client of is SIGKILLed while they run. Every session is gone
+    with it; the kill is recovered (with a rollback where a job failed, without one where
+    the jobs had nothing in their sessions yet), a new engine answers, and the run ends
+    with the failure-free outputs, every message on the output topics counted."""
+    from rich.console import Console
+
+    from falkirk.config import load
+    from falkirk.local.engine import status
+
+    result = airflow_campaign(tmp_path, minutes=5, seed=1, data=INPUT, console=Console(),
+                              golden=golden, targets=("engine",), strikes=1)
+    (kill,) = result["events"]
+    assert kill["target"] == "engine" and kill["recovery_s"] is not None, kill
+    after = status(load())
+    assert after["answering"] and after["pid"] not in (None, kill["pid"]), (after, kill)
     summary = {k: result[k] for k in ("lost", "duplicated", "stuck", "changed_on_resend",
                                       "outputs_differ")}
     assert summary == {"lost": 0, "duplicated": 0, "stuck": 0, "changed_on_resend": 0,
@@ -184,6 +207,12 @@ def test_a_recoverys_parts_split_out_the_wait_for_an_upstream_region_it_did_not_
              "process_started": (t0 - timedelta(seconds=90)).timestamp()}]
     assert chaos_airflow.recovery_parts(kill, records, warm, pipe)["standby_took"] == [
         "jobs/serve.py"]
+    # a batch epoch on the engine runs in its Airflow task's process, which may be older
+    # than the kill: no standby took it
+    batch = [{"job": "jobs/popularity.py", "status": "started", "generation": 5,
+              "recorded_at": t0 + timedelta(seconds=20),
+              "process_started": (t0 - timedelta(seconds=5)).timestamp()}]
+    assert chaos_airflow.recovery_parts(kill, records, batch, pipe)["standby_took"] == []
 
     # a job the rollback moved back that parked and resumed in its running driver
     parked = [*runs, {"job": "jobs/communities.py", "status": "parked", "generation": 4,

@@ -15,12 +15,16 @@ from falkirk.io import classdata
 pytestmark = pytest.mark.slow  # a Spark driver
 
 
-def test_a_driver_maps_the_archive_falkirk_jars_trained(spark):
-    """The suite's own driver (started with the profile's launch settings, as every job
-    and DAG task is) has the archive's file mapped: its classes came from there."""
+def test_the_engine_maps_the_archive_falkirk_jars_trained(spark):
+    """The suite's engine (started with the profile's launch settings, which every driver
+    of its own gets too) has the archive's file mapped: its classes came from there."""
+    from falkirk.local.engine import status
+
     path = classdata.archive(load())
     assert path is not None and path.is_file(), "bin/setup (falkirk jars) trains it"
-    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    assert spark.range(1).count() == 1  # the suite's engine runs
+    jvm = status()["pid"]
+    assert jvm is not None
     assert str(path) in Path(f"/proc/{jvm}/maps").read_text()
 
 

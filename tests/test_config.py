@@ -97,3 +97,17 @@ def test_a_local_run_on_an_object_store_keeps_its_tables_under_a_prefix_of_its_o
     assert other._lake(cfg) != lake
     assert LocalRun(tmp_path / "run-c", "reference")._lake(load("local")) == str(
         tmp_path / "run-c" / "lake")
+
+
+def test_a_profile_scoped_setting_overrides_that_profile_only(monkeypatch):
+    """FALKIRK_<PROFILE>_<FIELD> sets a field of one profile (the suite's engine port for
+    the local profile, leaving the cluster's jobs applications of their own); it wins over
+    FALKIRK_<FIELD>, which sets it for every profile."""
+    from falkirk.config import load
+
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", "sc://127.0.0.1:4242")
+    assert load("local").spark_remote == "sc://127.0.0.1:4242"
+    assert load("cluster").spark_remote == ""
+    monkeypatch.setenv("FALKIRK_SPARK_REMOTE", "sc://127.0.0.1:5151")
+    assert load("local").spark_remote == "sc://127.0.0.1:4242"
+    assert load("cluster").spark_remote == "sc://127.0.0.1:5151"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -137,7 +138,7 @@ def test_every_declared_pipeline_outside_the_checkout_gets_its_dags(airflow_env,
                                        "falkirk_clicks_rollback", "falkirk_clicks_gc",
                                        "falkirk_clicks_stream_checks"}
     batch = bag.dags["falkirk_clicks_batch_counts"]
-    assert batch.get_task("counts").application == str(clicks / "jobs" / "counts.py")
+    assert batch.get_task("counts").op_kwargs == {"pipeline": "clicks", "region": "counts"}
     assert batch.get_task("trigger_rollback").partial_kwargs["trigger_dag_id"] == \
         "falkirk_clicks_rollback"
     rollback = bag.dags["falkirk_clicks_rollback"]
@@ -267,10 +268,11 @@ def test_batch_epochs_follow_the_data_interval(airflow_env, dagbag):
     assert epoch_of("reference", pendulum.instance(start).add(seconds=50)) == 5
     dag = dagbag.dags[BATCH]
     assert dag.catchup and dag.start_date == start
-    task = dag.get_task("popularity")
-    assert task.application.endswith("jobs/popularity.py")
-    assert task.application_args[:4] == ["--pipeline", "reference", "--epoch",
-                                         "{{ falkirk_epoch(data_interval_start) }}"]
+    task = dag.get_task("popularity")  # run_epoch takes the run's data_interval_start
+    from falkirk.airflow.batch import run_epoch
+
+    assert task.python_callable is run_epoch
+    assert task.op_kwargs == {"pipeline": "reference", "region": "popularity"}
     assert dag.user_defined_macros["falkirk_epoch"](start + timedelta(seconds=40)) == 4
 
 
@@ -296,17 +298,36 @@ def test_batch_runs_can_start_at_a_later_epoch_and_bad_bounds_are_refused(airflo
         schedule("reference")
 
 
-def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(dagbag):
+def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(
+        airflow_env, dagbag, monkeypatch, tmp_path):
     """One source for the settings a driver must get at start (shuffle partitions, UI, the
-    driver JVM's options): the DAG's spark-submit and the supervisor's job command."""
+    driver JVM's options): with the engine, its own settings, and every job a client
+    (``python <job>``; a batch epoch in its Airflow task's process); without one, the
+    DAG's spark-submit and the supervisor's job command."""
+    import sys
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    from falkirk.airflow.batch import run_epoch
     from falkirk.config import load
+    from falkirk.local.engine import engine_conf
     from falkirk.runtime.procs import job_command
 
+    cfg = load()
+    assert cfg.spark_remote
+    assert job_command("jobs/ingest.py", ["--pipeline", "reference"], cfg) == [
+        sys.executable, str(Path("jobs/ingest.py").resolve()), "--pipeline", "reference"]
+    assert dagbag.dags[BATCH].get_task("popularity").python_callable is run_epoch
+    served = engine_conf(cfg, "127.0.0.1", 15002, tmp_path)
+    assert {k: served[k] for k in cfg.spark_launch_conf} == cfg.spark_launch_conf
+
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", "")  # every job an application
     cfg = load()
     cmd = job_command("jobs/ingest.py", ["--pipeline", "reference"], cfg)
     given = dict(cmd[i + 1].split("=", 1) for i, arg in enumerate(cmd) if arg == "--conf")
     assert given == cfg.spark_launch_conf
-    assert dagbag.dags[BATCH].get_task("popularity").conf == given
+    classic = DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    assert classic.dags[BATCH].get_task("popularity").conf == given
     # local drivers: C1 only, serial GC (2 cores shared by four JVMs), and the code cache
     # of tiered compilation (C1 alone gets 48 MB, which long streaming queries fill)
     # and the class-data archive `falkirk jars` trained for them (falkirk.io.classdata)
@@ -693,7 +714,8 @@ def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):
     assert list(rerun.xcom_pull(task_ids="rerun_and_replay")["restarted"]) == [
         "jobs/communities.py"]
     after = snapshot(sandbox)
-    assert after["user_community"] == before["user_community"] + 1  # restored (a new version)
+    # the older generation's writers fenced (a commit of no rows), then the table restored
+    assert after["user_community"] == before["user_community"] + 2
     assert after["item_popularity"] == before["item_popularity"]  # untouched
     log = EpochLog.from_config(sandbox)
     assert [r["status"] for r in log.rollbacks("reference")] == ["started", "done"]

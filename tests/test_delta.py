@@ -98,9 +98,10 @@ def test_an_epochs_spark_jobs_are_named_by_pipeline_region_epoch_and_generation(
     group = name_spark_jobs(spark, "tiny", {"report", "agg"}, 7, 2)
     assert group == "falkirk/tiny/agg+report/e7/g2"
     write_epochs(spark, writer, [7])
-    assert spark.sparkContext.statusTracker().getJobIdsForGroup(group)  # the write's jobs
-    assert spark.sparkContext.getLocalProperty("spark.job.description") == (
-        "falkirk tiny: agg+report epoch 7 (generation 2)")
+    from falkirk.io.spark import current_group, jobs_in_group
+
+    assert current_group(spark) == group
+    assert jobs_in_group(spark, group) > 0  # the write's Spark jobs (Connect: stages)
 
 
 def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, tmp_path):
@@ -133,14 +134,14 @@ def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, t
 
 
 def jobs_of(spark, group: str, action) -> tuple[object, int]:
-    """What ``action()`` returned and how many Spark jobs it ran."""
-    from falkirk.runtime.runner import jobs_in_group
+    """What ``action()`` returned and how many Spark jobs (Connect: stages) it ran."""
+    from falkirk.io.spark import jobs_in_group, label_jobs
 
-    spark.sparkContext.setJobGroup(group, group)
+    label_jobs(spark, group)
     try:
         out = action()
     finally:
-        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        label_jobs(spark, "")
     return out, jobs_in_group(spark, group)
 
 
@@ -459,7 +460,11 @@ def test_an_epoch_committed_before_a_kill_is_written_once_by_a_newer_generation(
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert table_ids(spark, uri) == expected_ids(range(5))  # epoch 2 once, nothing lost
     history = {c["version"]: c for c in DeltaTable(uri).history()}
-    assert history[4]["operation"] == "RESTORE"  # the orphan (version 3) was cut off first
+    # generation 2 fenced generations 0 and 1 (version 4: no rows), then cut the orphan
+    # (version 3) off, stepping over its own fence
+    assert json.loads(history[4]["userMetadata"])["falkirk"] == {
+        "region": "agg", "generation": 2, "fence": 0}
+    assert history[5]["operation"] == "RESTORE"
     # a writer of an older generation never cuts off a newer one's commits
     newest = DeltaTable(uri).version()
     assert EpochWriter(spark, uri, "agg", 1, SCHEMA).discard_orphans(0, newest) == newest

@@ -86,6 +86,7 @@ def test_every_malformed_value_is_a_row_with_its_reason(spark, broker, malformed
     assert (first.topic, first.partition, first.key, first.timestamp) == (
         "kio-malformed", 0, "k0", 1_704_067_200_000)
     assert rows[6].value is None and rows[5].value == "{not json"
+    assert rows[10].value == "\ufffd\ufffd"  # not UTF-8: readable, each bad byte marked
 
 
 def test_exactly_the_offset_range_of_each_partition(spark, broker):

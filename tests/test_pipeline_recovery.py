@@ -174,12 +174,14 @@ def test_output_topics_are_made_with_their_declared_partitions(reference_run):
 
 
 def test_each_epochs_log_line_says_where_its_spark_jobs_went(reference_run):
-    """A job's log says, per epoch, the seconds and Spark jobs of each phase (reads,
-    transforms, commits, checkpoints, sends): a slow epoch under load is explained from
-    the log alone. The phases' Spark jobs add up to the epoch's."""
+    """A job's log says, per epoch, the seconds and Spark jobs (a client of the engine:
+    stages, what Spark Connect reports) of each phase (reads, transforms, commits,
+    checkpoints, sends): a slow epoch under load is explained from the log alone. The
+    phases' counts add up to the epoch's."""
     import re
 
-    line = re.compile(r"epoch (\d+) done by (\S+) in [\d.]+ s \((\d+) Spark jobs; (.*)\)$")
+    line = re.compile(
+        r"epoch (\d+) done by (\S+) in [\d.]+ s \((\d+) Spark (?:jobs|stages); (.*)\)$")
     seen = {}
     for job in reference_run.jobs:
         for text in reference_run.log_file(job).read_text().splitlines():

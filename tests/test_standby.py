@@ -25,8 +25,9 @@ JOB = "jobs/communities.py"
 
 @pytest.fixture
 def cfg(tmp_path):
+    """A profile whose jobs are applications of their own (standbys keep their JVMs)."""
     return replace(load(), var_dir=str(tmp_path / "var"), lake=str(tmp_path / "lake"),
-                   standby_drivers=1)
+                   standby_drivers=1, spark_remote="")
 
 
 @pytest.fixture
@@ -155,3 +156,16 @@ def test_a_standby_starts_in_a_session_whose_autogroup_is_niced_too():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_standby_drivers_are_refused_for_jobs_that_are_clients_of_an_engine(monkeypatch):
+    """A standby keeps a driver JVM warm; a client of the engine has none to keep: asking
+    for both is refused when the settings are read, naming the two and the way out."""
+    from falkirk.config import ConfigError
+
+    monkeypatch.setenv("FALKIRK_STANDBY_DRIVERS", "1")
+    with pytest.raises(ConfigError, match="standby_drivers=1 .* clients of the engine .*"
+                                          "FALKIRK_SPARK_REMOTE="):
+        load("local")
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", "")
+    assert load("local").standby_drivers == 1

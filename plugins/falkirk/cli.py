@@ -251,6 +251,35 @@ def cmd_jars(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_engine(args: argparse.Namespace) -> int:
+    """Start, stop or show the Spark Connect engine the jobs are clients of."""
+    import json as _json
+
+    from falkirk.config import load
+    from falkirk.local import engine
+
+    cfg = load()
+    try:
+        if args.action == "start":
+            engine.ensure(cfg)
+        elif args.action == "stop":
+            print("stopped" if engine.stop_local(cfg) else
+                  f"no engine started by falkirk in {engine.folder(cfg)}")
+            return 0
+    except engine.EngineError as err:
+        raise CliError(str(err)) from None
+    info = engine.status(cfg)
+    if args.json:
+        print(_json.dumps(info))
+    elif not info["remote"]:
+        print(f"profile {cfg.env!r} runs every job as a Spark application of its own "
+              "(no spark_remote)")
+    else:
+        print(f"engine {info['remote']}: {'answering' if info['answering'] else 'down'}"
+              + (f", pid {info['pid']}" if info["pid"] else "") + f"; log {info['log']}")
+    return 0
+
+
 def cmd_bound(args: argparse.Namespace) -> int:
     """Declare the pipeline's input ended where its topics end now (a bounded run)."""
     from falkirk.runtime.bounds import declare_bounds
@@ -494,6 +523,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-class-data", action="store_true", help="do not train the Spark "
                    "drivers' class-data archive (falkirk.io.classdata; about a minute, once)")
     p.set_defaults(func=cmd_jars)
+
+    p = sub.add_parser("engine", help="the Spark Connect engine every job is a client of "
+                       "(the embedded default starts by itself with the first job)")
+    p.add_argument("action", choices=("start", "stop", "status"), nargs="?",
+                   default="status")
+    p.add_argument("--json", action="store_true", help="status as JSON")
+    p.set_defaults(func=cmd_engine)
 
     p = sub.add_parser("bound", help="declare the input ended where its topics end now: "
                        "jobs end after its last epoch (a bounded run)")

@@ -7,7 +7,8 @@ local Kafka broker and runs Spark as local[2].
 Kafka brokers, the lake on an S3-compatible object store), or a remote one by overrides.
 ``FALKIRK_ENV=compose`` is the same cluster in the containers of docker-compose.yml (which
 is generated from it). Single values can be overridden with
-``FALKIRK_<FIELD>`` (for tests that need their own folder or broker port).
+``FALKIRK_<FIELD>``, or for one profile only with ``FALKIRK_<PROFILE>_<FIELD>`` (for tests
+that need their own folder, broker or engine port).
 """
 
 from __future__ import annotations
@@ -82,6 +83,23 @@ class Config:
     # cold. False ($FALKIRK_PARK_MOVED_JOBS=0): such jobs are killed, as the rollback DAG
     # and the CLI do.
     park_moved_jobs: bool = True
+    # Spark Connect (``sc://host:port``): every job is a thin client of one long-running
+    # Spark application, the engine, in a Spark session of its own. A job's start is then
+    # a Python process and a session (about a second), not a driver JVM, and its epochs run
+    # warm; a killed job's server-side work is interrupted and its session released by
+    # the rollback that stops it (falkirk.io.spark.release_session). Empty: every job is
+    # a Spark application of its own (spark-submit, a driver JVM each).
+    spark_remote: str = ""
+    # falkirk starts the engine at ``spark_remote`` itself (falkirk.local.engine) when
+    # nothing answers there: the embedded default, like the local broker.
+    local_engine: bool = False
+    # The engine's master and heap (its JVM hosts every job's session).
+    engine_master: str = "local[2]"
+    engine_memory: str = "3g"
+    # Where the engine falkirk starts keeps its log and process record (default:
+    # <var_dir>/engine): one engine per machine serves sandboxes with var folders of
+    # their own.
+    engine_dir: str = ""
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""
@@ -194,6 +212,9 @@ PROFILES: dict[str, Config] = {
         spark_master="local[2]",
         spark_driver_java_options=LOCAL_DRIVER_JAVA_OPTIONS,
         broker_data_dir=str(STATE_DIR / "broker"),
+        spark_remote="sc://127.0.0.1:15002",
+        local_engine=True,
+        engine_dir=str(STATE_DIR / "engine"),
     ),
     # The local cluster of `bin/cluster up` (tools/falkirk_dev/cluster.py): a Spark
     # standalone master with 2 workers, 3 Kafka brokers and S3Proxy, each a separate
@@ -288,7 +309,11 @@ def load(env: str | None = None) -> Config:
     cfg = PROFILES[name]
     overrides = {}
     for f in fields(Config):
-        value = os.environ.get(f"FALKIRK_{f.name.upper()}")
+        # FALKIRK_<PROFILE>_<FIELD> overrides a field of that profile only (the test suite
+        # gives the local engine a port of its own and leaves the cluster profile's be),
+        # FALKIRK_<FIELD> of any profile.
+        value = os.environ.get(f"FALKIRK_{name.upper()}_{f.name.upper()}",
+                               os.environ.get(f"FALKIRK_{f.name.upper()}"))
         if value is None or f.name in ("env", "storage_options", "object_store_credentials"):
             continue
         if f.type in ("int", int):
@@ -297,6 +322,14 @@ def load(env: str | None = None) -> Config:
             overrides[f.name] = value.lower() in ("1", "true", "yes")
         else:
             overrides[f.name] = value
+    merged = replace(cfg, **{k: v for k, v in overrides.items() if k in ("standby_drivers",
+                                                                         "spark_remote")})
+    if merged.standby_drivers and merged.spark_remote:
+        raise ConfigError(
+            f"FALKIRK_ENV={name}: standby_drivers={merged.standby_drivers} keeps Spark driver "
+            f"JVMs warm for jobs that are applications of their own, but this profile's jobs "
+            f"are clients of the engine at {merged.spark_remote}, warm already "
+            "(FALKIRK_STANDBY_DRIVERS=0, or FALKIRK_SPARK_REMOTE= for applications)")
     if cfg.storage_options:  # an object store: its credentials are never in the repository
         endpoint = os.environ.get("FALKIRK_S3_ENDPOINT")
         opts = dict(cfg.storage_options)

@@ -434,6 +434,18 @@ def main(args: Namespace) -> int:
         console.print("[red]--every is for the campaign under Airflow (--airflow): without "
                       "it the campaign recovers each death itself, one at a time")
         return 2
+    targets = getattr(args, "targets", None)
+    if targets is not None:
+        from falkirk_dev.chaos_airflow import ENGINE
+        from falkirk_dev.chaos_airflow import TARGETS as AIRFLOW_TARGETS
+
+        unknown = sorted(set(targets.split(",")) - {*AIRFLOW_TARGETS, ENGINE})
+        if unknown or not getattr(args, "airflow", False):
+            console.print(f"[red]--targets {targets}: " + (
+                f"unknown target(s) {', '.join(unknown)} (known: "
+                f"{', '.join((*AIRFLOW_TARGETS, ENGINE))})" if unknown
+                else "is for the campaign under Airflow (--airflow)"))
+            return 2
     data = input_of(int(args.events), int(args.epochs))
     given = getattr(args, "workdir", None)
     workdir = Path(given) if given else Path(tempfile.mkdtemp(prefix="falkirk-chaos-"))
@@ -453,6 +465,7 @@ def main(args: Namespace) -> int:
         golden = failure_free(workdir, data, say, keep)
         result = airflow_campaign(workdir, float(args.minutes), int(args.seed), data, console,
                                   golden, standby=standby,
+                                  targets=tuple(targets.split(",")) if targets else None,
                                   every_s=getattr(args, "every", None))
     else:
         result = campaign(workdir, float(args.minutes), int(args.seed), data, say,

@@ -40,6 +40,18 @@ from pathlib import Path
 from typing import Any
 
 TARGETS = ("job", "scheduler", "broker")
+#: With the profile's own Spark Connect engine (falkirk.local.engine) it is a target too:
+#: every job's session dies with it.
+ENGINE = "engine"
+
+
+def default_targets() -> tuple[str, ...]:
+    """What a campaign breaks: jobs, the scheduler, the broker, and the engine when the
+    profile runs one."""
+    from falkirk.config import load
+
+    cfg = load()
+    return (*TARGETS, ENGINE) if cfg.spark_remote and cfg.local_engine else TARGETS
 RECOVERY_TIMEOUT_S = 600.0
 POLL_S = 0.5
 DURABLE = ("committed", "checkpointed")  # the statuses that end a recovery
@@ -190,6 +202,17 @@ class AirflowCampaign:
         alive = self.stream_jobs_alive()
         if not alive:
             return  # between a death and its restart, or the streams ended
+        if target == ENGINE:
+            from falkirk.local.engine import kill_local
+
+            t = time.monotonic()
+            if (pid := kill_local(self.run.cfg)) is None:
+                return  # being started again after the last one
+            self._kill_recorded({"target": ENGINE, "job": ENGINE, "at": t, "pid": pid,
+                                 "regions": sorted(r for i in alive for r in i["regions"]),
+                                 **before})
+            self.say("the Spark engine SIGKILLed: every job's session is gone")
+            return
         victim = self.rng.choice(alive)
         t = time.monotonic()
         kill: dict[str, Any] = {"target": target, "job": victim["job"], "at": t,
@@ -322,6 +345,7 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     (their start row names a process that was running before the kill);
     ``resumed_in_place``: the jobs the rollback moved back that parked in their running
     drivers and resumed there (falkirk.runtime.park: a ``resumed`` row in the recovery)."""
+    from falkirk.airflow.streams import stream_jobs
     from falkirk.runtime.procs import jobs_of
 
     if kill.get("recovery_s") is None or "generation" not in kill:
@@ -360,11 +384,14 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     since = started if started is not None else t_kill
     waited = max(0.0, (ready - since).total_seconds()) if ready is not None else 0.0
     waited = min(waited, max(0.0, total - rollback - start))
-    # a job whose start row names a process that ran before the kill was a standby's
+    # a stream job whose start row names a process that ran before the kill was a
+    # standby's (a batch epoch on an engine runs in its Airflow task's process)
     end = t_kill + timedelta(seconds=total)
     within = [row for row in job_runs  # the recovery's rows of its generation or later
               if row["generation"] >= g and t_kill < row["recorded_at"] <= end]
+    streams = stream_jobs(pipeline)
     took = sorted({row["job"] for row in within if row["status"] == "started"
+                   and row["job"] in streams
                    and (row.get("process_started") or float("inf")) < t_kill.timestamp()})
     resumed = sorted({row["job"] for row in within if row["status"] == "resumed"})
     return {"region": last.region, "epoch": last.epoch,
@@ -421,7 +448,7 @@ def _kill_group(pgid: int) -> None:
 
 def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
                      console, golden: dict[str, Any], standby: int = 0,
-                     targets: tuple[str, ...] = TARGETS, strikes: int | None = None,
+                     targets: tuple[str, ...] | None = None, strikes: int | None = None,
                      every_s: float | None = None) -> dict[str, Any]:
     """Run the campaign under Airflow; its figures (the keys of the campaign without
     Airflow, plus each kill's ``rollback_done_s``: the supervisor's part). ``targets`` and
@@ -447,6 +474,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         demo.start_sandbox()
         demo.start_airflow()
         demo.unpause()
+        targets = targets or default_targets()
         c = AirflowCampaign(demo, random.Random(seed), say, targets, every_s)
         demo.wait("waiting for the stream jobs to start…",
                   lambda p: len(c.stream_jobs_alive()) == 3, interval=1)
@@ -487,6 +515,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
         "standby_drivers": standby, "engines": "local", "airflow": True,
         "park_moved_jobs": load().park_moved_jobs, "strike_every_s": every_s,
+        "targets": list(targets), "spark_remote": load().spark_remote or None,
         "sent": sent, "events": c.kills,
     }
 

@@ -139,6 +139,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "its recovery)")
     p.add_argument("--standby", type=int, default=0, metavar="N",
                    help="keep N warm standby drivers to take the restarted jobs (default 0)")
+    p.add_argument("--targets", metavar="T,T",
+                   help="with --airflow: what to break, of job, scheduler, broker, engine "
+                        "(default: all four; the engine when the profile runs one)")
     p.set_defaults(func=cmd_chaos)
 
     p = sub.add_parser("cluster", help="a local cluster as separate processes: Spark "

@@ -90,6 +90,23 @@ def submit_kwargs(pipeline_name: str, region: str) -> dict[str, Any]:
     }
 
 
+def run_epoch(pipeline: str, region: str, data_interval_start: datetime) -> int:
+    """Run this DAG run's epoch of a batch region in the task's own process, a client of
+    the Spark Connect engine (``Config.spark_remote``): no spark-submit, no driver JVM to
+    start for each epoch. Fails the task unless the job ended well; returns the epoch."""
+    from falkirk.runtime.runner import job_logic, run_job
+
+    spec = load_pipeline(pipeline)
+    epoch = epoch_of(pipeline, data_interval_start)
+    logic = job_logic(spec.job_path(spec.regions[region].job))
+    code = run_job(logic, ["--pipeline", spec.source or spec.name, "--epoch", str(epoch),
+                           "--idle-timeout", "600"])
+    if code != 0:  # retried as SparkSubmitOperator's failures are (DEFAULT_ARGS)
+        raise RuntimeError(f"{region} epoch {epoch}: the job failed with exit code {code}; "
+                           "its error is above in this log and in the epoch log's job_runs")
+    return epoch
+
+
 def macros(pipeline_name: str) -> dict[str, Any]:
     """user_defined_macros of a batch DAG: ``falkirk_epoch(data_interval_start)``."""
     return {"falkirk_epoch": lambda start: epoch_of(pipeline_name, start)}

@@ -27,6 +27,7 @@ from falkirk.airflow import batch, checks_tasks, names, streams, supervisor
 from falkirk.airflow import rollback_tasks as steps
 from falkirk.airflow.defaults import DEFAULT_ARGS, TAGS, rollback_params
 from falkirk.airflow.maintenance import collect_garbage
+from falkirk.config import load
 from falkirk.errors import FalkirkError
 from falkirk.model.topology import Pipeline, declared, load_pipeline
 
@@ -81,8 +82,7 @@ One run per epoch. Epochs are event-time windows of the pipeline settings
 another, from `FALKIRK_BATCH_FIRST_EPOCH` (default 0) to `FALKIRK_BATCH_EPOCHS` − 1
 (default 10).
 
-- **{r}**: `spark-submit {job} --pipeline {p} --epoch k` on the `spark_default`
-  connection. The job waits for the epoch's inputs (up to 10 minutes) and writes the
+- **{r}**: {run}. The job waits for the epoch's inputs (up to 10 minutes) and writes the
   epoch's outputs exactly once, so clearing a run reruns its epoch safely. The epoch
   number is in the task's *Rendered Templates*.
 - **check_committed**: fails unless the epoch log shows the epoch committed.
@@ -195,9 +195,13 @@ def stream_checks_dag(pipeline: Pipeline) -> DAG:
 
 def batch_dag(pipeline: Pipeline, region: str) -> DAG:
     p = pipeline.name
+    remote = load().spark_remote
+    run = (f"`{pipeline.regions[region].job} --pipeline {p} --epoch k` in the task's own "
+           f"process, a client of the Spark Connect engine at `{remote}`" if remote else
+           f"`spark-submit {pipeline.regions[region].job} --pipeline {p} --epoch k` on the "
+           "`spark_default` connection")
     doc = BATCH_DOC.format(p=p, r=region, rollback=names.rollback(p),
-                           source=pipeline.source or "the pipeline declaration",
-                           job=pipeline.regions[region].job)
+                           source=pipeline.source or "the pipeline declaration", run=run)
     with DAG(
         dag_id=names.batch(p, region),
         description=f"One {region} run per epoch of {p} (data interval = epoch window)",
@@ -209,7 +213,11 @@ def batch_dag(pipeline: Pipeline, region: str) -> DAG:
         tags=[*TAGS, "batch", p],
         **batch.schedule(p),
     ) as dag:
-        run = SparkSubmitOperator(task_id=region, **batch.submit_kwargs(p, region))
+        if load().spark_remote:  # a client of the engine, in the task's process
+            run = PythonOperator(task_id=region, python_callable=batch.run_epoch,
+                                 op_kwargs={"pipeline": p, "region": region})
+        else:
+            run = SparkSubmitOperator(task_id=region, **batch.submit_kwargs(p, region))
         check = PythonOperator(task_id="check_committed", python_callable=batch.verify_committed,
                                op_kwargs={"pipeline": p, "region": region})
         checks = PythonOperator(task_id="data_checks",

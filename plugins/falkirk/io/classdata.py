@@ -1,5 +1,8 @@
 """The Spark driver's class-data archive: the classes a driver loads, mapped from one file.
 
+The engine (falkirk.local.engine) is a driver of the profile's class path and options too,
+and maps it as well.
+
 Why: a driver JVM starts by loading and verifying some 20,000 classes (Spark, delta-spark,
 the Kafka connector). On this machine's 2 shared cores that is most of a job's start and
 of its first epoch, and so of every recovery (docs/faults.md: a restarted job's start and
@@ -119,8 +122,9 @@ def _training_run(out: str, scratch: str) -> None:
 
     # The profile's class path and JVM options (what the archive is keyed by), on local
     # data: the training needs no cluster, object store or broker.
+    # A driver of its own (not a client of the engine): the engine maps the same archive.
     cfg = replace(load(), lake=scratch, spark_master="local[2]", spark_checkpoint_dir="",
-                  storage_options=(), spark_ui=False)
+                  storage_options=(), spark_ui=False, spark_remote="")
     options = " ".join(filter(None, [cfg.spark_driver_java_options,
                                      f"-XX:ArchiveClassesAtExit={out}"]))
     spark = session("falkirk-class-data-training", cfg,

@@ -15,8 +15,8 @@ writers are fenced and stopped, so no commit of the other engine can race it:
   version again do so under a new generation (a new app id).
 * :func:`read_version` reads one version: the Parquet files its log lists (delta-rs lists
   them), or delta-spark's ``versionAsOf`` for a table plain Parquet cannot read exactly;
-  :func:`read_appends` reads only the rows one epoch appended, through Delta's streaming
-  source.
+  :func:`read_appends` reads only the rows one epoch appended: the files its commit
+  added.
 * :func:`vacuum_orphans` removes data files no kept version references (a write killed
   before its commit leaves such files).
 """
@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 from contextlib import suppress
 from dataclasses import dataclass
@@ -50,7 +49,6 @@ from falkirk.io.lake import (
     file_path,
     local_path,
 )
-from falkirk.io.spark import cut_lineage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -64,6 +62,49 @@ logger = logging.getLogger(__name__)
 def app_id_for(region: str, generation: int) -> str:
     """The app id of a writer: one per (region, generation), so a new generation rewrites."""
     return f"falkirk:{region}:g{generation}"
+
+
+#: The transaction version of a fenced writer: above any epoch, so Delta would skip the
+#: fenced app id's every later write as done.
+FENCED = 2**62
+
+
+def fence_older_generations(table_uri: str, region: str, generation: int,
+                            storage_options: dict[str, str] | None = None) -> list[str]:
+    """Fence the region's writers of generations before ``generation`` out of the table;
+    return the app ids fenced now.
+
+    Why: a job whose process died may leave a write running where its process was not
+    (Spark Connect keeps an execution whose client went away), and it could commit after
+    a rollback restored the table, or beside the epoch a newer generation wrote again.
+    Delta's own transactions fence it: one commit sets the transaction version of every
+    older app id of the region (one per generation, :func:`app_id_for`) to
+    :data:`FENCED`. A write of such an app id in flight read its version when it began, so
+    Delta's conflict check fails its commit (a concurrent ``txn`` of an app id it depends
+    on); one begun later is skipped as done. Generations fenced before are not again: the
+    commit names only those after the newest fenced one. The commit is tagged as the
+    region's fence (``userMetadata``), which :meth:`EpochWriter.discard_orphans` steps
+    over."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    table = RsTable(table_uri, storage_options=storage_options)
+    ids = []
+    for older in range(generation - 1, -1, -1):  # newest first, down to a fenced one
+        version = table.transaction_version(app_id_for(region, older))
+        if version is not None and version >= FENCED:
+            break
+        ids.append(app_id_for(region, older))
+    if not ids:
+        return []
+    first = generation - len(ids)
+    tag = {COMMIT_TAG: {"region": region, "generation": generation, "fence": first}}
+    empty = pa.schema(table.schema().to_arrow()).empty_table()
+    write_deltalake(table, empty, mode="append", storage_options=storage_options,
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(app_id, FENCED) for app_id in ids],
+                        custom_metadata={"userMetadata": json.dumps(tag,
+                                                                    separators=(",", ":"))}))
+    return ids
 
 
 def spark_uri(uri: str) -> str:
@@ -130,8 +171,14 @@ class EpochWriter:
     # -- table ---------------------------------------------------------------------------
 
     def ensure_table(self) -> None:
-        """Create the table (an empty version 0) if missing; refuse a table of another schema."""
-        ensure_table(self.spark, self.table_uri, self.schema, self.log.storage_options)
+        """Create the table (an empty version 0) if missing; refuse a table of another
+        schema. On a table it did not create, fence the region's writers of older
+        generations (:func:`fence_older_generations`) before this one writes: every
+        writer ensures its table before writing, so a write of an older generation can
+        still be in flight only where the table was there already."""
+        if not ensure_table(self.spark, self.table_uri, self.schema, self.log.storage_options):
+            fence_older_generations(self.table_uri, self.region, self.generation,
+                                    self.log.storage_options)
         self._ensured = True
 
     def committed_epoch(self) -> int | None:
@@ -196,8 +243,10 @@ class EpochWriter:
         oldest = None
         for version in range(newest, 0, -1):
             tag = self.log.commit_tag(version, COMMIT_TAG)
-            if not (isinstance(tag, dict) and tag.get("region") == self.region
-                    and int(tag.get("generation", self.generation)) < self.generation
+            mine = isinstance(tag, dict) and tag.get("region") == self.region
+            if mine and "fence" in tag:  # a fence of older writers adds no rows
+                continue
+            if not (mine and int(tag.get("generation", self.generation)) < self.generation
                     and int(tag.get("epoch", -1)) >= epoch):
                 break
             oldest = version
@@ -226,26 +275,25 @@ class EpochWriter:
             raise TableSchemaError(
                 f"epoch DataFrame of region {self.region!r} lacks columns {missing} of "
                 f"{self.table_uri}")
-        return df.select([F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in target])
+        from falkirk.io.spark import sql_type
+
+        return df.select([F.col(f"`{f.name}`").cast(sql_type(f.dataType)).alias(f.name)
+                          for f in target])
 
 
 def ensure_table(spark: SparkSession, table_uri: str, schema: pa.Schema,
-                 storage_options: dict[str, str] | None = None) -> None:
+                 storage_options: dict[str, str] | None = None) -> bool:
     """Create a data table with delta-spark (an empty version 0) if missing; refuse one of
-    another schema (names, types and nullability)."""
-    from delta.tables import DeltaTable
-
+    another schema (names, types and nullability). Whether this call created it."""
     expected = _shape(json.loads(spark_schema(schema).json())["fields"])
+    created = False
     for attempt in range(_CREATE_ATTEMPTS):
         if RsTable.is_deltatable(table_uri, storage_options):
             break
         _clear_unborn_log(table_uri)
-        builder = DeltaTable.createIfNotExists(spark).location(spark_uri(table_uri))
-        builder = builder.addColumns(spark_schema(schema))
-        for key, value in TABLE_CONFIGURATION.items():
-            builder = builder.property(key, value)
         try:
-            builder.execute()
+            spark.sql(create_table_sql(table_uri, schema))  # SQL: a Connect session too
+            created = True
             break
         except Exception:  # another job created it at the same moment: look again
             if attempt == _CREATE_ATTEMPTS - 1:
@@ -255,6 +303,20 @@ def ensure_table(spark: SparkSession, table_uri: str, schema: pa.Schema,
     if _shape(found["fields"]) != expected:
         raise TableSchemaError(f"{table_uri} has schema {json.dumps(found)}, its writer "
                                f"writes {spark_schema(schema).json()}")
+    return created
+
+
+def create_table_sql(table_uri: str, schema: pa.Schema) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of a path table with the schema's columns (the
+    declared NOT NULL ones too) and :data:`TABLE_CONFIGURATION`."""
+    columns = ", ".join(
+        f"`{f.name}` {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+        for f in spark_schema(schema).fields)
+    props = ", ".join(f"'{k}' = '{v}'" for k, v in TABLE_CONFIGURATION.items()
+                      if v is not None)
+    location = spark_uri(table_uri).replace("`", "``")
+    return (f"CREATE TABLE IF NOT EXISTS delta.`{location}` ({columns}) USING delta"
+            + (f" TBLPROPERTIES ({props})" if props else ""))
 
 
 def _clear_unborn_log(table_uri: str) -> None:
@@ -448,35 +510,33 @@ def _plain_files(table_uri: str, version: int | None,
     return spark_schema(pa.schema(table.schema().to_arrow())), paths
 
 
-def read_appends(spark: SparkSession, table_uri: str, version: int, epoch: int) -> DataFrame:
-    """The rows the sender appended for ``epoch``, which its commit ``version`` holds, read
-    through Delta's streaming source from that version on.
+def read_appends(spark: SparkSession, table_uri: str, version: int, epoch: int,
+                 storage_options: dict[str, str] | None = None) -> DataFrame:
+    """The rows the sender appended for ``epoch``: those of the files its commit
+    ``version`` (the one the epoch log names) added, read as Parquet.
 
     A region that follows a growing table reads each epoch's increment this way instead of
-    the whole snapshot. The stream starts at ``version`` (the one the epoch log names) and
-    runs to what is there now (``availableNow``); later epochs' appends are filtered out by
-    their ``epoch`` column, and a rollback's RESTORE (a commit that only removes files) is
-    skipped (``skipChangeCommits``): a restore that reached this epoch fenced the reader,
-    whose commit is then refused. Each micro-batch's lineage is cut
-    (``falkirk.io.spark.cut_lineage``), so records stay in Spark, and the stream's own
-    checkpoint folder lasts one read: the epoch log, not the stream, says where to start.
+    the whole snapshot. By the Delta protocol a commit's ``add`` actions are exactly the
+    rows it appended (a table without deletion vectors or column mapping: every table
+    falkirk creates); the commit file lists them, so the driver reads one small JSON file
+    and Spark reads only those Parquet files, filtered by their ``epoch`` column. A table
+    plain Parquet cannot read exactly (:func:`_plain_files`) is read as that version,
+    filtered by ``epoch`` (the same rows, at the cost of the whole snapshot).
     """
-    from functools import reduce
+    from pyspark.sql import functions as F
 
-    batches: list[DataFrame] = []
-
-    def keep(batch: DataFrame, _batch_id: int) -> None:
-        batches.append(cut_lineage(batch.filter(batch["epoch"] == epoch)))
-
-    source = (spark.readStream.format("delta").option("startingVersion", version)
-              .option("skipChangeCommits", "true").load(spark_uri(table_uri.rstrip("/"))))
-    if "epoch" not in source.columns:
+    uri = table_uri.rstrip("/")
+    files = _plain_files(uri, version, storage_options)
+    if files is None:
+        return read_version(spark, uri, version, storage_options).filter(
+            F.col("epoch") == epoch)
+    schema, _ = files
+    if "epoch" not in schema.fieldNames():
         raise FalkirkError(f"{table_uri}: read: appends needs an epoch column, which this "
-                           f"table does not have (columns: {', '.join(source.columns)})")
-    with tempfile.TemporaryDirectory(prefix="falkirk-appends-") as checkpoint:
-        query = (source.writeStream.foreachBatch(keep).trigger(availableNow=True)
-                 .option("checkpointLocation", checkpoint).start())
-        query.awaitTermination()
-    if not batches:  # nothing at or after the version (an epoch with no rows)
-        return spark.createDataFrame([], source.schema)
-    return reduce(lambda a, b: a.unionByName(b), batches)
+                           f"table does not have (columns: {', '.join(schema.fieldNames())})")
+    added = DeltaLogReader(uri, storage_options).added_files(version)
+    if not added:  # an epoch with no rows (or a commit that appended nothing)
+        return spark.createDataFrame([], schema)
+    paths = [f"{uri}/{path}" for path in added]
+    return (spark.read.schema(schema).parquet(*(spark_uri(p) for p in paths))
+            .filter(F.col("epoch") == epoch))

@@ -93,10 +93,13 @@ def parse_values(raw: DataFrame, value_ddl: str | None) -> DataFrame:
     """The connector's rows (binary ``key``/``value``, ``timestamp``) as jobs read them."""
     from pyspark.sql import functions as F
 
-    value = F.col("value").cast("string")
+    # Bytes that are not UTF-8 become U+FFFD: a string column every reader can decode
+    # (a Connect client's Arrow, delta-rs, GX's pandas), where the raw bytes made each of
+    # them fail on the dead letters that keep them.
+    value = F.make_valid_utf8(F.col("value").cast("string"))
     base = [F.col("topic"), F.col("partition").cast("int").alias("partition"),
             F.col("offset").cast("long").alias("offset"),
-            F.col("key").cast("string").alias("key"),
+            F.make_valid_utf8(F.col("key").cast("string")).alias("key"),
             F.unix_millis(F.col("timestamp")).alias("timestamp"), value.alias("value")]
     if value_ddl is None:
         return raw.select(*base)

@@ -164,6 +164,12 @@ class DeltaLogReader:
             self._commits[version] = [json.loads(line) for line in text.splitlines() if line]
         return self._commits[version]
 
+    def added_files(self, version: int) -> list[str]:
+        """The data files the commit of ``version`` added, relative to the table's folder
+        (the protocol's ``add.path`` is a relative URI, percent-encoded)."""
+        return [unquote(a["add"]["path"]) for a in self.commit(version)
+                if "add" in a and a["add"].get("dataChange", True)]
+
     def commit_info(self, version: int) -> dict[str, Any]:
         return next((a["commitInfo"] for a in self.commit(version) if "commitInfo" in a), {})
 

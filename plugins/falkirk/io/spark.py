@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -16,7 +17,16 @@ def conform(df, table: str):
     from falkirk.model.schemas import arrow_schema
 
     schema = from_arrow_schema(arrow_schema("tables", table))
-    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
+    return df.select([F.col(f.name).cast(sql_type(f.dataType)).alias(f.name)
+                      for f in schema.fields])
+
+
+def sql_type(data_type) -> str:
+    """A Spark type as SQL names it, for a cast: a Python ``StringType()`` reaches a Spark
+    Connect engine as an *explicitly* collated string (its client sends the collation
+    name), whose Delta schema is then ``string collate UTF8_BINARY``, a type delta-rs and
+    other readers refuse; the engine parses ``string`` as the plain one."""
+    return data_type.simpleString()
 
 
 def dead_letters(rows, epoch):
@@ -70,22 +80,45 @@ def cut_lineage(df):
     every later job that reads it fails (``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``), so the rows
     are written to the checkpoint folder instead (``checkpoint``), which outlives them.
     """
-    if df.sparkSession.sparkContext.getCheckpointDir():
+    if _checkpoint_dir(df.sparkSession):
         return df.checkpoint(eager=True)
     return df.localCheckpoint()
+
+
+def _checkpoint_dir(spark) -> str | None:
+    """The session's reliable checkpoint folder, if any (Connect: the engine's
+    ``spark.checkpoint.dir``, asked once per session)."""
+    if not is_remote(spark):
+        return spark.sparkContext.getCheckpointDir()
+    if not hasattr(spark, "_falkirk_checkpoint_dir"):
+        spark._falkirk_checkpoint_dir = spark.conf.get("spark.checkpoint.dir", None) or None
+    return spark._falkirk_checkpoint_dir
+
+
+#: The environment variable that names a job's Spark Connect session (``start_job`` sets
+#: it and records it beside the job's process, so whoever stops the job releases it).
+SESSION_ENV = "FALKIRK_SPARK_SESSION"
 
 
 def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     """A Spark session for this machine's profile.
 
-    local[2] with 2 shuffle partitions (2 cores), bound to 127.0.0.1, the Python
-    workers on this venv's interpreter (else they cannot import pyarrow), the RocksDB
-    state store with changelog checkpointing for Spark's own in-query recovery, and (from
-    ``Config.spark_launch_conf``) the Kafka connector and delta-spark jars bin/setup fetched.
+    With ``Config.spark_remote`` a Spark Connect session on the engine
+    (:func:`remote_session`). Else an application of its own: local[2] with 2 shuffle
+    partitions (2 cores), bound to 127.0.0.1, the Python workers on this venv's
+    interpreter (else they cannot import pyarrow), the RocksDB state store with changelog
+    checkpointing for Spark's own in-query recovery, and (from ``Config.spark_launch_conf``)
+    the Kafka connector and delta-spark jars bin/setup fetched.
     """
     from pyspark.sql import SparkSession
 
     cfg = cfg or load()
+    if cfg.spark_remote:
+        return remote_session(cfg, **conf)
+    # pyspark marks a process that made a Connect session (and every process it starts,
+    # through the environment) as a Connect one, whose builder then refuses to start a
+    # JVM: this session is an application of its own.
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     local = cfg.spark_master.startswith("local")
     if local:  # on a cluster the driver must be reachable from the workers
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -118,3 +151,178 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
         for key, value in cfg.s3a_settings(secrets=True).items():
             hadoop.set(key, value)
     return spark
+
+
+def remote_session(cfg: Config, session_id: str | None = None, **conf: str):
+    """A Spark Connect session on the engine at ``cfg.spark_remote`` (started first when
+    falkirk runs it: :func:`falkirk.local.engine.ensure`). Its id is ``session_id``, else
+    the one the job was started with (``$FALKIRK_SPARK_SESSION``), else a new one. The
+    session counts the Spark stages each job group runs (:func:`jobs_in_group`)."""
+    import uuid
+
+    from pyspark.sql import SparkSession
+
+    from falkirk.local.engine import ensure
+
+    ensure(cfg)
+    sid = session_id or os.environ.get(SESSION_ENV) or str(uuid.uuid4())
+    builder = SparkSession.builder.remote(f"{cfg.spark_remote.rstrip('/')}/;session_id={sid}")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.create()
+    # The newest session is this process's default and this thread's active one: pyspark
+    # binds a checkpointed frame to the active-or-default session (not to the frame's),
+    # so a process that made another session before (a test module, an Airflow task
+    # process) would get frames of that one, and joins fail with SESSION_NOT_SAME.
+    connect = type(spark)  # pyspark.sql.connect.session.SparkSession
+    with connect._lock:
+        connect._default_session = spark
+    connect._active_session.session = spark
+    if cfg.local_engine:  # an engine that does not answer here is gone: fail, be recovered
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        spark.client.set_retry_policies([DefaultPolicy(
+            max_retries=LOCAL_ENGINE_RETRIES, backoff_multiplier=2.0, initial_backoff=100,
+            max_backoff=2000)])
+    spark.registerProgressHandler(_StageCounter(spark))
+    return spark
+
+
+#: A client of this machine's engine retries a call that found it not answering this many
+#: times (0.1 s doubling to 2 s: about 6 s in all). Spark's default waits up to 10
+#: minutes for a remote server; a local engine that does not answer for seconds has died
+#: with every session on it, and the job's death is what makes the supervisor recover it
+#: (and start the engine again).
+LOCAL_ENGINE_RETRIES = 6
+
+
+def is_remote(spark) -> bool:
+    """A Spark Connect session (no JVM in this process: no SparkContext, no py4j)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+class _StageCounter:
+    """Counts the Spark stages of a Connect session's operations by job group (its
+    thread's tag): Connect reports an operation's stages, never its Spark jobs. The
+    engine reports progress as it goes and once more at the end, with every stage."""
+
+    KEEP = 256  # job groups remembered (an epoch names a dozen): a job runs for weeks
+
+    def __init__(self, spark):
+        import threading
+        from collections import OrderedDict
+
+        self.spark = spark
+        self.seen: OrderedDict[str, set[tuple[str, int]]] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def __call__(self, stages=(), inflight_tasks=0, operation_id=None, done=False, **_):
+        tags = self.spark.getTags()  # the thread that runs the operation calls us
+        if not tags or not stages:
+            return
+        with self.lock:
+            for tag in tags:
+                if tag not in self.seen:
+                    self.seen[tag] = set()
+                    while len(self.seen) > self.KEEP:
+                        self.seen.popitem(last=False)
+                self.seen[tag].update((operation_id or "", s.stage_id) for s in stages)
+
+
+def work_unit(spark) -> str:
+    """What :func:`jobs_in_group` counts in this session."""
+    return "Spark stages" if is_remote(spark) else "Spark jobs"
+
+
+def label_jobs(spark, group: str, description: str | None = None) -> str:
+    """Put the Spark jobs this thread runs next in job group ``group`` (Connect: a tag),
+    replacing the thread's previous one ("": none); the UI, the event log and
+    :func:`jobs_in_group` then see them together."""
+    if is_remote(spark):
+        spark.clearTags()
+        if group:
+            spark.addTag(group)
+    elif group:
+        spark.sparkContext.setJobGroup(group, description or group)
+    else:
+        spark.sparkContext.clearJobGroup()
+    return group
+
+
+def current_group(spark) -> str:
+    """This thread's job group (:func:`label_jobs`), or ""."""
+    if is_remote(spark):
+        return next(iter(sorted(spark.getTags())), "")
+    return spark.sparkContext.getLocalProperty("spark.jobGroup.id") or ""
+
+
+def jobs_in_group(spark, group: str) -> int:
+    """How many Spark jobs (Connect: stages) the job group has run so far (Spark's status
+    store keeps the last ``spark.ui.retainedJobs``, 1,000 by default: more than an epoch
+    runs)."""
+    if not group:
+        return 0
+    if is_remote(spark):
+        counter = next((h for h in spark.client._progress_handlers
+                        if isinstance(h, _StageCounter)), None)
+        if counter is None:
+            return 0
+        with counter.lock:
+            return len(counter.seen.get(group, ()))
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+
+def cancel_all(spark) -> None:
+    """Cancel everything the session runs now (Connect: this session's operations only;
+    an application's session: every Spark job of the application)."""
+    if is_remote(spark):
+        spark.interruptAll()
+    else:
+        spark.sparkContext.cancelAllJobs()
+
+
+def quiet(spark, timeout_s: float = 30.0) -> bool:
+    """Wait until the session runs no Spark stage and no task (a cancelled task may run
+    on a moment); whether it got there within ``timeout_s``. A Connect operation that was
+    interrupted answers its client only once it ended on the engine: a session whose
+    threads all returned runs nothing there."""
+    import time
+
+    if is_remote(spark):
+        return True
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        infos = tracker.getExecutorInfos()
+        tasks = sum(infos[i].numRunningTasks() for i in range(len(infos)))
+        if not tracker.getActiveStageIds() and tasks == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def release_session(remote: str, session_id: str) -> bool:
+    """Interrupt every operation of a Connect session on the engine and close it: a job
+    killed in the middle of a call leaves its work running there (Connect keeps an
+    execution whose client went away, for it to reattach). Whether the engine answered
+    (one that does not answer has lost every session anyway)."""
+    from pyspark.errors.exceptions.connect import SparkConnectException
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    from falkirk.local.engine import answering
+
+    if not answering(remote):
+        return False
+    client = SparkConnectClient(f"{remote.rstrip('/')}/;session_id={session_id}")
+    try:
+        try:
+            client.interrupt_all()
+        except SparkConnectException as exc:  # closed already (released, timed out)
+            if "SESSION_CLOSED" not in str(exc) and "INVALID_HANDLE" not in str(exc):
+                raise
+            return True
+        with contextlib.suppress(SparkConnectException):
+            client.release_session()
+        return True
+    finally:
+        client.close()

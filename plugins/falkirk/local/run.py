@@ -59,6 +59,12 @@ class LocalRun:
                                    var_dir=str(self.root / "var"),
                                    kafka_bootstrap=self.broker.bootstrap)
         if self.standby is not None:
+            if self.standby and self.cfg.spark_remote:
+                raise LocalRunError(
+                    f"{self.standby} standby driver(s) asked for, but every job of profile "
+                    f"{cfg.env!r} is a client of the engine at {self.cfg.spark_remote}, warm "
+                    "already: standby drivers keep JVMs warm for jobs that are Spark "
+                    "applications of their own (FALKIRK_SPARK_REMOTE= runs them so)")
             self.cfg = replace(self.cfg, standby_drivers=self.standby)
         self.env = {"FALKIRK_LAKE": self.cfg.lake, "FALKIRK_VAR_DIR": self.cfg.var_dir,
                     "FALKIRK_KAFKA_BOOTSTRAP": self.cfg.kafka_bootstrap}

@@ -130,14 +130,12 @@ def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport, log
     for table, epoch in report.deleted_through.items():
         uri = cfg.table(table)
         if DeltaTable.is_deltatable(uri, storage_options=opts):
-            from delta.tables import DeltaTable as SparkTable
-            from pyspark.sql import functions as F
-
             from falkirk.io.delta import spark_uri
             from falkirk.io.spark import session
 
             spark = spark or session(f"falkirk-gc-{pipeline.name}", cfg)
-            SparkTable.forPath(spark, spark_uri(uri)).delete(F.col("epoch") <= epoch)
+            location = spark_uri(uri).replace("`", "``")  # SQL: a Connect session too
+            spark.sql(f"DELETE FROM delta.`{location}` WHERE epoch <= {int(epoch)}")
     for topic, offsets in report.acknowledged.items():
         region = next(e.dst for e in pipeline.edges.values()
                       if e.kind == "kafka" and e.topic == topic and e.dst)

@@ -255,6 +255,7 @@ class RollbackExecutor:
                 say(f"resuming rollback {plan.rollback_id} that did not finish")
                 if plan.affected and self.stop_regions is not None:
                     self.stop_regions(plan.affected)  # restarted meanwhile, maybe
+                self._release(plan.affected)
                 self._carry_out(plan, say)
                 self._done(plan, say)
                 if asdict(plan.request) == asdict(request):
@@ -295,6 +296,14 @@ class RollbackExecutor:
                 say(f"stopping {', '.join(sorted(more))}")
                 maybe_crash("rollback:before-stop")
                 self.stop_regions(more)
+            self._release(more)
+
+    def _release(self, regions: set[str]) -> None:
+        """Interrupt and close the engine sessions the stopped (or dead) jobs of
+        ``regions`` left (Spark Connect keeps running a call whose client died)."""
+        from falkirk.runtime.procs import release_sessions
+
+        release_sessions(self.pipeline, regions, self.cfg)
 
     def _done(self, plan: RollbackPlan, say: Callable[[str], None]) -> None:
         self.log.record_rollback(self.pipeline.name, plan.rollback_id, plan.generation,
@@ -302,13 +311,20 @@ class RollbackExecutor:
         say(f"rollback {plan.rollback_id} done: generation {plan.generation}")
 
     def _carry_out(self, plan: RollbackPlan, say: Callable[[str], None]) -> None:
-        from falkirk.io.delta import rollback_table
+        from deltalake import DeltaTable
+
+        from falkirk.io.delta import fence_older_generations, rollback_table
 
         affected = plan.affected
+        opts = self.cfg.delta_storage_options or None
         for t in plan.tables:
+            uri = self.cfg.table(t.table)
+            # A write of a stopped job still in flight on the engine cannot commit after
+            # this fence, and one that committed before it is restored away below.
+            if DeltaTable.is_deltatable(uri, storage_options=opts):
+                fence_older_generations(uri, t.region, plan.generation, opts)
             say(f"restoring table {t.table} to version {t.to_version} ({t.region})")
-            rollback_table(self.cfg.table(t.table), t.to_version,
-                           self.cfg.delta_storage_options or None)
+            rollback_table(uri, t.to_version, opts)
             maybe_crash("rollback:after-first-table")
         for region in sorted(affected):
             spec = self.pipeline.regions[region]

@@ -399,17 +399,20 @@ class CheckpointStore:
         The region will take those checkpoints again, with the same ids, from state that
         may differ; one commit removes their rows (each save wrote its own files) and
         records the manifest without them. Returns the dropped ids.
+
+        The commit is made even when nothing is dropped: its app transaction fences a save
+        still in flight for the stopped job (Spark Connect keeps running a call whose
+        client died), whose commit Delta then refuses as concurrent.
         """
         table = self._table()
         manifest = self._manifest(table)
         dropped = [c for c in manifest.ids if c > through]
-        if not dropped:
-            return []
         kept = _Manifest({c: v for c, v in manifest.versions.items() if c <= through})
         metadata = kept.entry("truncate", (), through=through, dropped=dropped)
         self._commit(table, self.schema.empty_table(), metadata,
                      kept.latest if kept.latest is not None else -1,
-                     mode="overwrite", predicate=f"{CHECKPOINT} > {int(through)}")
+                     mode="overwrite" if dropped else "append",
+                     predicate=f"{CHECKPOINT} > {int(through)}" if dropped else None)
         return dropped
 
     # -- retention -------------------------------------------------------------------------
@@ -539,7 +542,10 @@ class CheckpointStore:
 
         expected = self._check_columns(current.columns, f"a state of {self.uri}")
         target = _spark_types(self.state_schema)
-        return current.select([F.col(f"`{n}`").cast(target[n]).alias(n) for n in expected])
+        from falkirk.io.spark import sql_type
+
+        return current.select([F.col(f"`{n}`").cast(sql_type(target[n])).alias(n)
+                               for n in expected])
 
     # -- comparison ------------------------------------------------------------------------
 

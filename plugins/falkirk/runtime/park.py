@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from falkirk.errors import FalkirkError
+from falkirk.io.spark import cancel_all
 from falkirk.log.epochlog import EpochLog
 
 log = logging.getLogger("falkirk.runtime")
@@ -49,14 +50,23 @@ class FenceWatch:
     """Looks for a fence of the job's regions every ``interval_s`` (in a thread, with an
     epoch log of its own: the job's caches its reads). Once fenced, it cancels the
     session's Spark jobs every look until :meth:`stop`: an epoch that starts a Spark job
-    after a cancel is cancelled too."""
+    after a cancel is cancelled too.
+
+    With ``engine`` (a Spark Connect URL) it also looks whether the engine answers: a job
+    waiting for its input makes no call that would find its session gone with a dead
+    engine, and must fail to be recovered (:attr:`engine_lost`)."""
+
+    ENGINE_LOOKS = 3  # looks in a row without an answer before the engine counts as gone
 
     def __init__(self, epoch_log: EpochLog, pipeline: str, regions: list[str],
-                 generation: int, spark: Any, interval_s: float = 1.0):
+                 generation: int, spark: Any, interval_s: float = 1.0,
+                 engine: str | None = None):
         self.log = EpochLog(epoch_log.root, epoch_log.storage_options)
         self.pipeline, self.regions, self.generation = pipeline, regions, generation
-        self.spark, self.interval_s = spark, interval_s
+        self.spark, self.interval_s, self.engine = spark, interval_s, engine
         self.fenced: int | None = None  # the generation that fenced us
+        self.engine_lost = False
+        self._unanswered = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="falkirk-fence-watch",
                                         daemon=True)
@@ -71,6 +81,14 @@ class FenceWatch:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if self.engine and not self.engine_lost:
+                from falkirk.local.engine import answering
+
+                self._unanswered = 0 if answering(self.engine) else self._unanswered + 1
+                if self._unanswered >= self.ENGINE_LOOKS:
+                    log.error("the Spark engine at %s does not answer: %s's session is gone "
+                              "with it", self.engine, "+".join(self.regions))
+                    self.engine_lost = True
             if self.fenced is None:
                 try:
                     self.fenced = self.log.fenced(self.pipeline, self.regions, self.generation)
@@ -82,21 +100,7 @@ class FenceWatch:
                                 "epoch's Spark jobs to park", self.fenced,
                                 "+".join(self.regions))
             if self.fenced is not None:
-                self.spark.sparkContext.cancelAllJobs()
-
-
-def quiet(spark: Any, timeout_s: float = 30.0) -> bool:
-    """Wait until the session runs no Spark stage and no task (a cancelled task may run
-    on a moment); whether it got there within ``timeout_s``."""
-    tracker = spark.sparkContext._jsc.sc().statusTracker()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        infos = tracker.getExecutorInfos()
-        tasks = sum(infos[i].numRunningTasks() for i in range(len(infos)))
-        if not tracker.getActiveStageIds() and tasks == 0:
-            return True
-        time.sleep(0.1)
-    return False
+                cancel_all(self.spark)
 
 
 def wait_for_rollback(epoch_log: EpochLog, pipeline: str, generation: int,

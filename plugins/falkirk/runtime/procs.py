@@ -46,9 +46,13 @@ def log_file(pipeline: Pipeline, job: str, cfg: Config | None = None) -> Path:
 
 def job_command(job: str | Path, args: list[str], cfg: Config | None = None,
                 conf: dict[str, str] | None = None) -> list[str]:
-    """spark-submit of a job entry point (a path, e.g. ``Pipeline.job_path``'s), on this
-    profile's master, with its launch settings (or ``conf``)."""
+    """The command that runs a job entry point (a path, e.g. ``Pipeline.job_path``'s):
+    with a Spark Connect engine (``Config.spark_remote``) this interpreter runs it as a
+    client; else spark-submit, on this profile's master, with its launch settings (or
+    ``conf``)."""
     cfg = cfg or load()
+    if cfg.spark_remote and conf is None:
+        return [sys.executable, str(Path(job).resolve()), *args]
     submit = Path(sys.executable).parent / "spark-submit"  # pip's pyspark puts it there
     if not submit.exists():  # else pyspark's own copy (an environment without its scripts)
         import pyspark
@@ -59,9 +63,22 @@ def job_command(job: str | Path, args: list[str], cfg: Config | None = None,
     return [str(submit), "--master", cfg.spark_master, *confs, str(Path(job).resolve()), *args]
 
 
+def as_application(cfg: Config) -> tuple[Config, dict[str, str]]:
+    """``cfg`` with every job a Spark application of its own (no engine: what a standby
+    driver or a driver benchmark needs), and the environment that makes a child process
+    load its profile so."""
+    from dataclasses import replace
+
+    return replace(cfg, spark_remote=""), {
+        "FALKIRK_SPARK_REMOTE": "", f"FALKIRK_{cfg.env.upper()}_SPARK_REMOTE": ""}
+
+
 def job_env() -> dict[str, str]:
     """The environment a job starts in: this interpreter for Spark's Python, loopback locally."""
     env = dict(os.environ)
+    # pyspark marks a process that made a Connect session as one, for its children too: a
+    # job decides by its own profile (a Connect client sets the mark itself).
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if load().spark_master.startswith("local"):  # a cluster's workers must reach the driver
@@ -75,11 +92,13 @@ def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
     """Start a job in its own process group; its output goes to var/log/<pipeline>-<job>.log.
 
     With ``cfg.standby_drivers`` the job goes to a warm standby driver when one is ready
-    (falkirk.runtime.standby), and a new standby is spawned to take the next one.
+    (falkirk.runtime.standby), and a new standby is spawned to take the next one. With a
+    Spark Connect engine (``cfg.spark_remote``) every job is a client of the warm engine
+    and standbys have nothing to keep warm: the setting is ignored there.
     """
     cfg = cfg or load()
     argv = ["--pipeline", pipeline.source or pipeline.name, *(args or [])]
-    if cfg.standby_drivers:
+    if cfg.standby_drivers and not cfg.spark_remote:
         from falkirk.runtime import standby
 
         handed = standby.hand_over(pipeline, job, argv, cfg, env)
@@ -88,12 +107,26 @@ def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
             return handed  # type: ignore[return-value] - Popen's poll, wait, pid, returncode
     path = log_file(pipeline, job, cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
+    spark_session = None
+    if cfg.spark_remote:  # the job's session on the engine: named now, so a stop releases it
+        import uuid
+
+        from falkirk.io.spark import SESSION_ENV
+        from falkirk.local.engine import ensure
+
+        ensure(cfg)
+        # Its predecessor's calls must not run on beside it (an Airflow retry of a batch
+        # epoch whose try was killed, a restart the rollback did not stop).
+        release_sessions(pipeline, set(jobs_of(pipeline).get(job, ())), cfg)
+        spark_session = str(uuid.uuid4())
+        env = {**(env or {}), SESSION_ENV: spark_session}
     out = open(path, "ab")  # noqa: SIM115 - the child keeps it
     cmd = job_command(pipeline.job_path(job), argv, cfg)
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                             env={**job_env(), **(env or {})}, start_new_session=True)
     out.close()
-    record_job_process(pipeline, job, proc.pid, process_started(proc.pid), cmd, cfg)
+    record_job_process(pipeline, job, proc.pid, process_started(proc.pid), cmd, cfg,
+                       spark_session)
     return proc
 
 
@@ -106,25 +139,56 @@ def write_whole(path: Path, value: dict) -> None:
 
 
 def record_job_process(pipeline: Pipeline, job: str, pid: int, started: float | None,
-                       cmd: list[str], cfg: Config | None = None) -> None:
-    """Name the process (group) that runs ``job`` now, for ``running`` and the stops."""
+                       cmd: list[str], cfg: Config | None = None,
+                       spark_session: str | None = None) -> None:
+    """Name the process (group) that runs ``job`` now, and its Spark Connect session if
+    any, for ``running``, the stops and :func:`release_sessions`."""
     run_dir = _dirs(cfg)[0] / pipeline.name
     run_dir.mkdir(parents=True, exist_ok=True)
     write_whole(run_dir / f"{Path(job).stem}.json", {
         "pid": pid, "pgid": pid, "job": job, "regions": jobs_of(pipeline).get(job, []),
         "started": time.time(), "process_started": started, "command": cmd,
+        "spark_session": spark_session,
     })
+
+
+def recorded(pipeline: Pipeline, cfg: Config | None = None) -> list[dict]:
+    """The last process recorded for each job of a pipeline, alive or not."""
+    folder = _dirs(cfg)[0] / pipeline.name
+    return [json.loads(f.read_text())
+            for f in sorted(folder.glob("*.json"))] if folder.exists() else []
+
+
+def release_sessions(pipeline: Pipeline, regions: set[str], cfg: Config | None = None
+                     ) -> list[str]:
+    """Release the engine sessions of the jobs hosting ``regions`` whose process is gone
+    (killed, stopped, crashed); the jobs whose session was released.
+
+    A Connect job killed in the middle of a call leaves that call running on the engine
+    (Spark keeps an execution whose client went away, for it to reattach), where it could
+    still commit after the rollback that follows. A rollback calls this after its stop:
+    the session's operations are interrupted and the session closed. What an
+    interruption cannot stop (a commit already writing its log entry) the rollback's
+    fence of the writers' transactions refuses (falkirk.io.delta.fence_older_generations)."""
+    cfg = cfg or load()
+    if not cfg.spark_remote:
+        return []
+    from falkirk.io.spark import release_session
+
+    released = []
+    for info in recorded(pipeline, cfg):
+        sid = info.get("spark_session")
+        if (sid and set(info.get("regions", ())) & regions
+                and not is_process(info["pid"], info.get("process_started"))):
+            release_session(cfg.spark_remote, sid)
+            released.append(info["job"])
+    return released
 
 
 def running(pipeline: Pipeline, cfg: Config | None = None) -> list[dict]:
     """The job processes of a pipeline that are alive now."""
-    folder = _dirs(cfg)[0] / pipeline.name
-    out = []
-    for f in sorted(folder.glob("*.json")) if folder.exists() else []:
-        info = json.loads(f.read_text())
-        if is_process(info["pid"], info.get("process_started")):
-            out.append(info)
-    return out
+    return [info for info in recorded(pipeline, cfg)
+            if is_process(info["pid"], info.get("process_started"))]
 
 
 def process_started(pid: int) -> float | None:
@@ -273,6 +337,7 @@ def stop_regions(pipeline: Pipeline, regions: set[str], cfg: Config | None = Non
     stopped = [info for info in hosting if info["job"] not in parked]
     for info in stopped:
         stop_group(info["pgid"])
+    release_sessions(pipeline, regions, cfg)
     if stopped:
         runs = log.job_runs(pipeline.name)
         for info in stopped:

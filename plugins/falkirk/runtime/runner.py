@@ -26,6 +26,7 @@ The epoch log, not Spark's checkpoint folder, is the source of truth: a region a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -44,7 +45,14 @@ from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
 from falkirk.faults import maybe_hold
 from falkirk.io.kafka import broker_retry
-from falkirk.io.spark import cut_lineage
+from falkirk.io.spark import (
+    current_group,
+    cut_lineage,
+    jobs_in_group,
+    label_jobs,
+    quiet,
+    work_unit,
+)
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.model.schemas import arrow_schema, ddl, find, use_pipeline
 from falkirk.model.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
@@ -53,7 +61,6 @@ from falkirk.runtime.park import (
     PARK_WAIT_S,
     RUNNING_STATUSES,
     FenceWatch,
-    quiet,
     wait_for_rollback,
 )
 
@@ -398,6 +405,11 @@ class JobRunner:
             e = self.next_epoch
             if self.watch is not None and self.watch.fenced is not None:
                 self._fenced(self.watch.fenced, f"epoch {e} is not started")
+            if self.watch is not None and self.watch.engine_lost:
+                raise RuntimeFailure(
+                    f"job {'+'.join(self.regions)}: the Spark engine at "
+                    f"{self.cfg.spark_remote} stopped answering before epoch {e}; the job's "
+                    "session (its state) is gone with it")
             ready = self._ready(e)
             if ready is None:  # the input ended: nothing more will come
                 self._record_end(e - 1)
@@ -572,8 +584,9 @@ class JobRunner:
                         inputs[edge.name] = self.spark.createDataFrame(
                             [], _empty_schema(self.pipeline, edge))
                     elif edge.read == "appends":
-                        inputs[edge.name] = read_appends(self.spark, uri, version,
-                                                         e - edge.delay)
+                        inputs[edge.name] = read_appends(
+                            self.spark, uri, version, e - edge.delay,
+                            self.cfg.delta_storage_options or None)
                         ranges[edge.name] = {"version": version, "read": "appends"}
                     else:
                         inputs[edge.name] = read_version(self.spark, uri, version,
@@ -653,8 +666,8 @@ class JobRunner:
         # as of the last phase (Spark's status store is fed asynchronously: a later look
         # could count a job no phase did)
         self.epoch_jobs.append(self._jobs_seen - jobs_before_epoch + self._jobs_aside)
-        log.info("epoch %d done by %s in %.1f s (%d Spark jobs; %s)", e,
-                 "+".join(sorted(active)), seconds, self.epoch_jobs[-1],
+        log.info("epoch %d done by %s in %.1f s (%d %s; %s)", e,
+                 "+".join(sorted(active)), seconds, self.epoch_jobs[-1], work_unit(self.spark),
                  epoch_profile(self.profile, profile_before, self.spark_jobs, jobs_before))
 
     def _check_fence(self, e: int) -> None:
@@ -727,8 +740,7 @@ class JobRunner:
         group = self._group
 
         def run(i: int, phase: str, task: Callable[[], Any]) -> tuple[float, int]:
-            sub = f"{group}|{i}:{phase}"
-            self.spark.sparkContext.setJobGroup(sub, f"{sub}")
+            sub = label_jobs(self.spark, f"{group}|{i}:{phase}")
             t0 = time.monotonic()
             task()
             return time.monotonic() - t0, jobs_in_group(self.spark, sub)
@@ -858,7 +870,7 @@ class CompositeJob(JobLogic):
             sub = EpochContext(ctx.epoch, ctx.generation, ctx.spark, ctx.pipeline, inputs,
                                state, ctx.active)
             t0 = time.monotonic()
-            group = ctx.spark.sparkContext.getLocalProperty("spark.jobGroup.id") or ""
+            group = current_group(ctx.spark)
             jobs0 = jobs_in_group(ctx.spark, group)
             out = part.process(sub)
             for name, df in out.outputs.items():
@@ -907,15 +919,8 @@ def name_spark_jobs(spark: Any, pipeline: str, regions: set[str] | list[str], ep
     then show the same split as falkirk's own timings. Returns the job group id."""
     hosted = "+".join(sorted(regions))
     group = f"falkirk/{pipeline}/{hosted}/e{epoch}/g{generation}"
-    spark.sparkContext.setJobGroup(
-        group, f"falkirk {pipeline}: {hosted} epoch {epoch} (generation {generation})")
-    return group
-
-
-def jobs_in_group(spark: Any, group: str) -> int:
-    """How many Spark jobs the job group has run so far (Spark's status store keeps the
-    last ``spark.ui.retainedJobs``, 1,000 by default: more than an epoch runs)."""
-    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) if group else 0
+    return label_jobs(spark, group,
+                      f"falkirk {pipeline}: {hosted} epoch {epoch} (generation {generation})")
 
 
 def load_job(job: str | Path) -> ModuleType:
@@ -1006,9 +1011,10 @@ class JobDriver:
         while True:
             watch, fence = None, None
             if self.park:
-                watch = runner.watch = FenceWatch(runner.log, self.pipeline.name,
-                                                  runner.regions, runner.generation,
-                                                  self.spark, self.watch_interval_s).start()
+                watch = runner.watch = FenceWatch(
+                    runner.log, self.pipeline.name, runner.regions, runner.generation,
+                    self.spark, self.watch_interval_s,
+                    engine=runner.cfg.spark_remote or None).start()
             try:
                 return runner.run(until_epoch=until, poll_s=poll_s,
                                   idle_timeout_s=idle_timeout_s)
@@ -1064,7 +1070,19 @@ def parser(logic: JobLogic) -> argparse.ArgumentParser:
 
 
 def main(logic: JobLogic, argv: list[str] | None = None) -> int:
-    """Run a job: ``spark-submit jobs/<job>.py --pipeline NAME [--until-epoch N]``."""
+    """Run a job: ``python jobs/<job>.py --pipeline NAME [--until-epoch N]`` on a Spark
+    Connect engine, or ``spark-submit jobs/<job>.py …`` as an application of its own."""
+    code = run_job(logic, argv)
+    # Exit hard: delta-rs can abort an interpreter at exit after all work is done
+    # (delta-io/delta-rs#2184), which would look like a failed job.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_job(logic: JobLogic, argv: list[str] | None = None) -> int:
+    """Run a job in this process (its entry point, or an Airflow task); its exit code:
+    0 done, 2 a :class:`FalkirkError` (the log of runs has its message), 1 a bug."""
     from falkirk.io.spark import session
     from falkirk.model.topology import load_pipeline
 
@@ -1073,6 +1091,7 @@ def main(logic: JobLogic, argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     driver: JobDriver | None = None
     last: int | None = None
+    spark = None
     try:
         pipeline = load_pipeline(args.pipeline)
         spark = session(f"falkirk-{pipeline.name}-{'+'.join(logic.regions)}")
@@ -1099,13 +1118,7 @@ def main(logic: JobLogic, argv: list[str] | None = None) -> int:
         epoch_log.record_job_run(pipeline_name, job, logic.regions, generation,
                                  "finished" if code == 0 else "failed", exit_code=code,
                                  last_epoch=last, message=(message or "")[:500] or None)
-    # Stop Spark, then exit hard: delta-rs can abort an interpreter at exit after all
-    # work is done (delta-io/delta-rs#2184), which would look like a failed job.
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        active.stop()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    if spark is not None:  # a Connect session is released on the engine
+        with contextlib.suppress(Exception):  # an engine gone already: nothing to stop
+            spark.stop()
+    return code

@@ -55,9 +55,10 @@ def spawn(pipeline: Pipeline, cfg: Config | None = None,
     where.mkdir(parents=True, exist_ok=True)
     path = procs.log_file(pipeline, "standby", cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
+    cfg, classic = procs.as_application(cfg)  # a standby keeps a driver JVM warm
     cmd = procs.job_command(Path(__file__), ["--pipeline", pipeline.source or pipeline.name],
                             cfg)
-    environ = {**procs.job_env(), **(env or {})}
+    environ = {**procs.job_env(), **(env or {}), **classic}
     environ.pop(faults.ENV, None)  # a crash point is the job's, handed over with it
     nice = procs.may_lower_priority()
     with open(path, "ab") as out:

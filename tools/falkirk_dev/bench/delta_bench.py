@@ -124,7 +124,7 @@ def compare_reads(spark, uri: str, newest: int) -> dict[str, float]:
     """Versions 1..``newest`` of ``uri`` each read whole (a count) by delta-spark's
     ``versionAsOf`` and by ``read_version``; per read: mean seconds and Spark jobs."""
     from falkirk.io.delta import read_version, spark_uri
-    from falkirk.runtime.runner import jobs_in_group
+    from falkirk.io.spark import jobs_in_group, label_jobs
 
     ways = {
         "versionAsOf": lambda v: spark.read.format("delta").option("versionAsOf", v).load(
@@ -137,20 +137,23 @@ def compare_reads(spark, uri: str, newest: int) -> dict[str, float]:
         counts = set()
         for name in (list(ways) if i % 2 == 0 else list(reversed(ways))):
             group = f"falkirk-delta-bench-{name}-{version}"
-            spark.sparkContext.setJobGroup(group, group)
+            label_jobs(spark, group)
             t0 = time.perf_counter()
             counts.add(ways[name](version).count())
             seconds[name] += time.perf_counter() - t0
             jobs[name] += jobs_in_group(spark, group)
         assert len(counts) == 1, f"version {version} read differently: {counts}"
-    spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    label_jobs(spark, "")
     out = {}
     for name in ways:
         out[f"read_{name}_ms"] = seconds[name] / newest * 1000
         out[f"read_{name}_jobs"] = jobs[name] / newest
     delta_ms, files_ms = out["read_versionAsOf_ms"], out["read_file_list_ms"]
+    from falkirk.io.spark import work_unit
+
+    out["unit"] = work_unit(spark)
     print(f"a version read whole ({newest} versions): delta-spark versionAsOf "
-          f"{delta_ms:.0f} ms / {out['read_versionAsOf_jobs']:.1f} Spark jobs, its file list "
+          f"{delta_ms:.0f} ms / {out['read_versionAsOf_jobs']:.1f} {out['unit']}, its file list "
           f"{files_ms:.0f} ms / {out['read_file_list_jobs']:.1f} ({files_ms / delta_ms:.2f}x)")
     return out
 

@@ -1,5 +1,6 @@
 """A driver's start: cold without and with the class-data archive (falkirk.io.classdata),
-and handed to a warm standby driver (falkirk.runtime.standby).
+handed to a warm standby driver (falkirk.runtime.standby), and a client of the Spark
+Connect engine (falkirk.local.engine: a job's start as the local profile runs it).
 
 What a restarted job pays before its first commit: spark-submit, the JVM, the Spark
 session, then its first Delta epoch (written, read back, aggregated) in a cold JVM. A
@@ -25,7 +26,7 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-VARIANTS = ("without archive", "with archive", "warm standby")
+VARIANTS = ("without archive", "with archive", "warm standby", "engine client")
 
 # Run by spark-submit: the session (its JVM already started with the variant's options),
 # then one epoch; prints monotonic times (one clock for every process on Linux) and RSS.
@@ -43,24 +44,32 @@ DRIVER = textwrap.dedent("""
      .option("txnVersion", 0).save(table))
     rows = spark.read.format("delta").load(table).groupBy("k").count().collect()
     done = time.monotonic()
-    jvm = psutil.Process(spark.sparkContext._jvm.ProcessHandle.current().pid())
+    from falkirk.io.spark import is_remote
+    jvm = (psutil.Process() if is_remote(spark)  # a client: its JVM is the engine's
+           else psutil.Process(spark.sparkContext._jvm.ProcessHandle.current().pid()))
     print("DRIVER " + json.dumps({"ready": ready, "done": done, "groups": len(rows),
                                   "rss_mb": jvm.memory_info().rss / 2**20}), flush=True)
     spark.stop()
 """)
 
 
-def one_driver(class_data: bool, scratch: Path) -> dict[str, float]:
+def one_driver(class_data: bool | None, scratch: Path) -> dict[str, float]:
+    """One driver of its own (``class_data``: with the archive or without), or with None
+    a client of the engine."""
     from falkirk.config import load
-    from falkirk.runtime.procs import job_command, job_env
+    from falkirk.runtime.procs import as_application, job_command, job_env
 
-    cfg = load()
+    cfg, env = load(), {}
+    if class_data is not None:
+        cfg, env = as_application(cfg)
     script = scratch / "driver.py"
     script.write_text(DRIVER)
     table = scratch / f"t-{time.time_ns()}"
-    cmd = job_command(script, [str(table)], cfg, conf=cfg.launch_conf(class_data=class_data))
+    cmd = job_command(script, [str(table)], cfg, conf=None if class_data is None
+                      else cfg.launch_conf(class_data=class_data))
     started = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), timeout=900)
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**job_env(), **env},
+                          timeout=900)
     ended = time.monotonic()
     got = _driver_line(done.stdout)
     if done.returncode != 0 or got is None:
@@ -124,12 +133,15 @@ def main(args: Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="falkirk-bench-driver-") as tmp, \
             LocalRun(Path(tmp) / "sandbox") as run:
         run.generate(events=600, epochs=2)  # topics with records for the warm-up to read
+        with console.status("the engine, warmed by a client (not timed)…"):
+            one_driver(None, Path(tmp))
         for rnd in range(rounds):
-            order = VARIANTS[rnd % 3:] + VARIANTS[:rnd % 3]
-            for variant in order:
+            turn = rnd % len(VARIANTS)
+            for variant in VARIANTS[turn:] + VARIANTS[:turn]:
                 with console.status(f"round {rnd + 1}/{rounds}: a driver {variant}…"):
                     got = (one_standby(run, Path(tmp)) if variant == "warm standby"
-                           else one_driver(variant == "with archive", Path(tmp)))
+                           else one_driver(None if variant == "engine client"
+                                           else variant == "with archive", Path(tmp)))
                 runs[variant].append(got)
                 console.print(f"round {rnd + 1}: {variant}: session {got['session_s']:.1f} s, "
                               f"first epoch {got['first_epoch_s']:.1f} s, JVM RSS "
@@ -141,11 +153,13 @@ def main(args: Namespace) -> dict:
 
     ratio = until("with archive") / until("without archive")
     standby_ratio = until("warm standby") / until("with archive")
+    client_ratio = until("engine client") / until("with archive")
     out = {"profile": cfg.env, "rounds": rounds, "archive": str(archive(cfg)),
            "archive_mb": round(archive(cfg).stat().st_size / 2**20),
            "medians": {v: {k: round(x, 2) for k, x in m.items()} for v, m in medians.items()},
            "until_first_epoch_ratio": round(ratio, 3),
-           "standby_until_first_epoch_ratio": round(standby_ratio, 3), "runs": runs,
+           "standby_until_first_epoch_ratio": round(standby_ratio, 3),
+           "engine_client_until_first_epoch_ratio": round(client_ratio, 3), "runs": runs,
            "date": time.strftime("%Y-%m-%d")}
     for v in VARIANTS:
         m = medians[v]
@@ -153,7 +167,9 @@ def main(args: Namespace) -> dict:
                       f"{m['first_epoch_s']:5.1f} s, until it {m['until_first_epoch_s']:5.1f} s, "
                       f"JVM RSS {m['rss_mb']:,.0f} MB")
     console.print(f"with/without archive, until the first epoch: {ratio:.2f}×; warm "
-                  f"standby/cold with archive: {standby_ratio:.2f}×")
+                  f"standby/cold with archive: {standby_ratio:.2f}×; a client of the "
+                  f"engine/cold with archive: {client_ratio:.2f}× (its RSS: the client's "
+                  "Python; the engine's JVM is shared)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

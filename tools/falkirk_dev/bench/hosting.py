@@ -6,6 +6,9 @@ started inside the measured time):
 - **four jobs**, as deployed (``pipeline.yaml``): ingest, popularity, communities and
   serve+stats, each its own ``spark-submit`` and driver JVM, handing tables over through
   Delta, in a sandbox (``LocalRun``);
+- **four engine clients** (a profile with a Spark Connect engine, docs/engine.md): the
+  same four jobs, each a client of the one engine, already running as it is in a
+  deployment (its start is not timed; its JVM's memory counts);
 - **one application**: the same regions hosted by one Spark session (``CompositeJob``, as
   in ``falkirk bench scale``), tables handed over in memory, commits and checkpoints as
   deployed.
@@ -19,6 +22,7 @@ Run: ``falkirk bench hosting --events 20000 --epochs 8 --rounds 2 --json OUT``.
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -28,15 +32,43 @@ from pathlib import Path
 from falkirk_dev.bench import write_figures
 
 VARIANTS = ("four jobs", "one application")
+CLIENTS = "four engine clients"
 
 
-def four_jobs(run, last: int, timeout_s: float) -> float:
-    """The deployed jobs to ``last``; their wall seconds. A job that fails fails the run."""
-    run.declare_bounds()
-    started = time.monotonic()
-    run.start(until_epoch=last)
-    codes = run.wait(timeout_s=timeout_s)
-    seconds = time.monotonic() - started
+def variants() -> tuple[str, ...]:
+    """The hosting variants this profile can run: with an engine, its clients too."""
+    from falkirk.config import load
+
+    return (*VARIANTS, CLIENTS) if load().spark_remote else VARIANTS
+
+
+def four_jobs(run, last: int, timeout_s: float, clients: bool = False) -> float:
+    """The deployed jobs to ``last``; their wall seconds. A job that fails fails the run.
+    Without ``clients`` each job is a driver of its own even where the profile runs an
+    engine (an empty ``FALKIRK_SPARK_REMOTE``, as a user would set it)."""
+    from falkirk.config import load
+    from falkirk.local.engine import answering, ensure, stop_local
+
+    saved, cfg = os.environ.get("FALKIRK_SPARK_REMOTE"), load()
+    was_up = clients and answering(cfg.spark_remote)
+    if clients:
+        ensure(cfg)  # running before, as in a deployment: its start is not the jobs'
+    else:
+        os.environ["FALKIRK_SPARK_REMOTE"] = ""
+    try:
+        run.declare_bounds()
+        started = time.monotonic()
+        run.start(until_epoch=last)
+        codes = run.wait(timeout_s=timeout_s)
+        seconds = time.monotonic() - started
+    finally:
+        if clients and not was_up:
+            stop_local(cfg)  # its JVM would count in the other variants' memory
+        if not clients:
+            if saved is None:
+                os.environ.pop("FALKIRK_SPARK_REMOTE", None)
+            else:
+                os.environ["FALKIRK_SPARK_REMOTE"] = saved
     if set(codes.values()) != {0}:
         raise RuntimeError(f"four jobs: exit codes {codes}; logs in {run.root / 'var'}")
     return seconds
@@ -66,44 +98,54 @@ def main(args: Namespace) -> dict:
     console = Console()
     events, epochs = int(args.events or 20_000), int(args.epochs or 8)
     rounds = int(args.rounds or 1)
-    seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    rss: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    kinds = variants()
+    seconds: dict[str, list[float]] = {v: [] for v in kinds}
+    rss: dict[str, list[float]] = {v: [] for v in kinds}
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="falkirk-hosting-") as tmp:
         for rnd in range(rounds):
-            order = VARIANTS[rnd % 2:] + VARIANTS[:rnd % 2]
-            # a sandbox per round: the four jobs' lake and epoch log start empty each time
-            with LocalRun(Path(tmp) / f"round-{rnd}") as run:
-                with console.status(f"round {rnd + 1}: producing {events:,} events…"):
-                    info = run.generate(events=events, queries=max(events // 10, 1),
-                                        epochs=epochs, seed=23)
-                for variant in order:
+            order = kinds[rnd % len(kinds):] + kinds[:rnd % len(kinds)]
+            for variant in order:
+                # a sandbox per variant: the jobs' lake and epoch log start empty each time
+                with LocalRun(Path(tmp) / f"round-{rnd}-{kinds.index(variant)}") as run:
+                    with console.status(f"round {rnd + 1}: producing {events:,} events…"):
+                        info = run.generate(events=events, queries=max(events // 10, 1),
+                                            epochs=epochs, seed=23)
                     with console.status(f"round {rnd + 1}: {variant}…"), \
                             RssSampler(every_s=1.0, jvms_only=True) as sampler:
-                        if variant == "four jobs":
-                            s = four_jobs(run, epochs - 1, timeout_s=120 * epochs + 600)
-                        else:
+                        if variant == "one application":
                             s = one_application(run, Path(tmp) / f"one-{rnd}", epochs - 1)
+                        else:
+                            s = four_jobs(run, epochs - 1, timeout_s=120 * epochs + 600,
+                                          clients=variant == CLIENTS)
                     seconds[variant].append(s)
                     rss[variant].append(sampler.max_mb)
                     console.print(f"round {rnd + 1}: {variant} {s:.1f} s, JVM RSS "
                                   f"{sampler.max_mb:,.0f} MB")
-    med = {v: statistics.median(seconds[v]) for v in VARIANTS}
+    med = {v: statistics.median(seconds[v]) for v in kinds}
     out = {
         "events": info["events"], "epochs": epochs, "rounds": rounds,
-        "seconds": {v: [round(s, 1) for s in seconds[v]] for v in VARIANTS},
+        "seconds": {v: [round(s, 1) for s in seconds[v]] for v in kinds},
         "four_jobs_s": round(med["four jobs"], 1),
         "one_application_s": round(med["one application"], 1),
         "four_jobs_eps": round(info["events"] / med["four jobs"], 1),
         "one_application_eps": round(info["events"] / med["one application"], 1),
         "one_over_four_speed": round(med["four jobs"] / med["one application"], 2),
-        "jvm_rss_mb_max": {v: round(max(rss[v]), 1) for v in VARIANTS},
+        "jvm_rss_mb_max": {v: round(max(rss[v]), 1) for v in kinds},
         "wall_s": round(time.time() - started, 1),
     }
+    if CLIENTS in med:
+        out["four_engine_clients_s"] = round(med[CLIENTS], 1)
+        out["four_engine_clients_eps"] = round(info["events"] / med[CLIENTS], 1)
+        out["clients_over_four_speed"] = round(med["four jobs"] / med[CLIENTS], 2)
     console.print(f"{out['events']:,} events over {epochs} epochs: four jobs "
                   f"{out['four_jobs_s']} s ({out['four_jobs_eps']:,.0f} events/s), one "
                   f"application {out['one_application_s']} s ({out['one_application_eps']:,.0f} "
                   f"events/s): one application {out['one_over_four_speed']}× as fast")
+    if CLIENTS in med:
+        console.print(f"four engine clients {out['four_engine_clients_s']} s "
+                      f"({out['four_engine_clients_eps']:,.0f} events/s): "
+                      f"{out['clients_over_four_speed']}× as fast as four jobs")
     if args.json:
         path = write_figures(args.json, out)
         console.print(f"JSON: {path}")

@@ -9,7 +9,9 @@ import time
 
 class RssSampler:
     """The largest resident memory of the driver: this Python process and the JVM PySpark
-    started for it (not the sandbox's broker), sampled every ``every_s`` seconds."""
+    started for it (not the sandbox's broker), or the Spark Connect engine its session is
+    on (``Config.spark_remote``: the JVM that runs every job), sampled every ``every_s``
+    seconds."""
 
     def __init__(self, every_s: float = 0.5, keep: bool = False, jvms_only: bool = False):
         self.every_s, self.max_mb = every_s, 0.0
@@ -22,10 +24,16 @@ class RssSampler:
     def _sample(self) -> None:
         import psutil
 
+        from falkirk.local.engine import status
+
         me = psutil.Process()
+        engine = status()["pid"]
         while not self._stop.is_set():
             total = 0 if self.jvms_only else me.memory_info().rss
-            for p in me.children(recursive=True):
+            jvms = [p for p in me.children(recursive=True) if p.pid != engine]
+            if engine is not None:
+                jvms.append(psutil.Process(engine))
+            for p in jvms:
                 try:
                     if any("SparkSubmit" in a for a in p.cmdline()):
                         total += p.memory_info().rss

@@ -51,7 +51,10 @@ def run_once(run, spark, lake: Path, persist: bool, until_epoch: int, bounded: b
         # whose cleaner then drops their checkpointed blocks. The next variant run in this
         # session would otherwise share the driver's heap with this one's (issue 16).
         gc.collect()
-        spark.sparkContext._jvm.System.gc()
+        from falkirk.io.spark import is_remote
+
+        if not is_remote(spark):  # (an engine's collector runs for every session on it)
+            spark.sparkContext._jvm.System.gc()
     return runner
 
 

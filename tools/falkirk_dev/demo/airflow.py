@@ -189,6 +189,7 @@ class AirflowDemo:
         self._labels: dict[str, dict[str, int]] = {}
         self.killed_at: datetime | None = None
         self.rollbacks_before = 0  # finished rollbacks in the epoch log before the kill
+        self.engine_was_up = _engine_answering()  # then it is someone else's to stop
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -686,6 +687,20 @@ class AirflowDemo:
             self.run.stop_all()  # its standby drivers, if it kept any
         if self.broker is not None:
             self.broker.stop()
+        if not self.keep_airflow and self.run is not None and not self.engine_was_up:
+            from falkirk.local.engine import stop_local  # it started it; nobody is left
+
+            stop_local(self.run.cfg)
+
+
+def _engine_answering() -> bool:
+    """Whether the profile's Spark Connect engine already answers (a test suite's, a
+    campaign's, the user's ``falkirk engine start``)."""
+    from falkirk.config import load
+    from falkirk.local.engine import answering
+
+    cfg = load()
+    return bool(cfg.spark_remote and cfg.local_engine and answering(cfg.spark_remote))
 
 
 def main_airflow(args: Namespace, console, cluster: bool = False) -> int:

@@ -81,7 +81,13 @@ def engines(cluster: bool, airflow: bool = False) -> tuple[Any, str]:
     """The broker of the run with the failure (None: its own embedded one) and what the
     report says it ran on; on the cluster, refuses unless it is up and healthy."""
     if not cluster:
-        return None, ("Engines: this machine's embedded defaults (local[2] Spark drivers, "
+        from falkirk.config import load
+
+        cfg = load()
+        spark = (f"one Spark engine ({cfg.engine_master}, Spark Connect at {cfg.spark_remote}) "
+                 "every job is a client of" if cfg.spark_remote
+                 else f"a {cfg.spark_master} Spark driver per job")
+        return None, (f"Engines: this machine's embedded defaults ({spark}, "
                       "one Apache Kafka broker in KRaft mode, Delta on local files" +
                       (", Airflow's LocalExecutor on SQLite)." if airflow else ")."))
     from falkirk_dev import cluster as local_cluster
