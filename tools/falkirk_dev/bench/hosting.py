@@ -45,30 +45,30 @@ def variants() -> tuple[str, ...]:
 def four_jobs(run, last: int, timeout_s: float, clients: bool = False) -> float:
     """The deployed jobs to ``last``; their wall seconds. A job that fails fails the run.
     Without ``clients`` each job is a driver of its own even where the profile runs an
-    engine (an empty ``FALKIRK_SPARK_REMOTE``, as a user would set it)."""
+    engine (``procs.as_application``'s environment, as a user would set it)."""
+    from unittest import mock
+
     from falkirk.config import load
     from falkirk.local.engine import answering, ensure, stop_local
+    from falkirk.runtime.procs import as_application
 
-    saved, cfg = os.environ.get("FALKIRK_SPARK_REMOTE"), load()
+    cfg = load()
     was_up = clients and answering(cfg.spark_remote)
     if clients:
         ensure(cfg)  # running before, as in a deployment: its start is not the jobs'
-    else:
-        os.environ["FALKIRK_SPARK_REMOTE"] = ""
+    env = {}
+    if not clients:  # the jobs' spark-submits, and the profile they load, without it
+        run.cfg, env = as_application(run.cfg)
     try:
-        run.declare_bounds()
-        started = time.monotonic()
-        run.start(until_epoch=last)
-        codes = run.wait(timeout_s=timeout_s)
-        seconds = time.monotonic() - started
+        with mock.patch.dict(os.environ, env):  # the jobs LocalRun starts read it
+            run.declare_bounds()
+            started = time.monotonic()
+            run.start(until_epoch=last)
+            codes = run.wait(timeout_s=timeout_s)
+            seconds = time.monotonic() - started
     finally:
         if clients and not was_up:
             stop_local(cfg)  # its JVM would count in the other variants' memory
-        if not clients:
-            if saved is None:
-                os.environ.pop("FALKIRK_SPARK_REMOTE", None)
-            else:
-                os.environ["FALKIRK_SPARK_REMOTE"] = saved
     if set(codes.values()) != {0}:
         raise RuntimeError(f"four jobs: exit codes {codes}; logs in {run.root / 'var'}")
     return seconds
