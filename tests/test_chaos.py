@@ -235,3 +235,21 @@ def test_a_recoverys_parts_split_out_the_wait_for_an_upstream_region_it_did_not_
                                         pipe) is None
     no_rollback = {k: v for k, v in kill.items() if k != "generation"}
     assert chaos_airflow.recovery_parts(no_rollback, records, runs, pipe) is None
+
+
+def test_a_batch_task_failed_for_good_fails_the_campaign_though_its_run_succeeded():
+    """The campaign marks each batch run's data_checks skipped, so a run whose epoch task
+    failed for good still ends `success`; the 30-minute campaign then waited forever for
+    that epoch. The task's own state fails the campaign, naming it."""
+    from falkirk_dev.demo.airflow import AirflowDemo
+    from falkirk_dev.demo.base import DemoError
+
+    demo = SimpleNamespace(api=SimpleNamespace(run_url=lambda dag, run: f"{dag}/{run}"),
+                           home="airflow-home")
+    ok = {"batch": [{"dag_run_id": "scheduled__0", "state": "success"}],
+          "supervisor": [], "supervisor_tasks": {}, "batch_failed_tasks": []}
+    AirflowDemo.check_failures(demo, ok)
+    failed = {**ok, "batch_failed_tasks": [{"task_id": "popularity", "state": "failed",
+                                            "try_number": 9, "dag_run_id": "scheduled__0"}]}
+    with pytest.raises(DemoError, match="popularity failed after 9 tries in run scheduled__0"):
+        AirflowDemo.check_failures(demo, failed)

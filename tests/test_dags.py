@@ -276,6 +276,26 @@ def test_batch_epochs_follow_the_data_interval(airflow_env, dagbag):
     assert dag.user_defined_macros["falkirk_epoch"](start + timedelta(seconds=40)) == 4
 
 
+def test_a_batch_epoch_killed_again_and_again_is_retried_for_minutes(airflow_env, dagbag):
+    """A batch epoch's tries are what reruns it (the batch regime's recovery). With one
+    retry 20 s later, the 30-minute campaign killed both tries of an epoch and every region
+    downstream waited for it forever. Its tries now span minutes, the first soon, none
+    more than 2 min after the one before (Airflow's own reckoning of each wait)."""
+    from datetime import UTC, datetime
+
+    from airflow.models.taskinstance import TaskInstance
+
+    task = dagbag.dags[BATCH].get_task("popularity")
+    ti = TaskInstance(task=task, run_id="r", dag_version_id=None)
+    ti.end_date = end = datetime(2026, 1, 1, tzinfo=UTC)
+    waits = []
+    for ti.try_number in range(1, task.retries + 1):
+        waits.append((ti.next_retry_datetime() - end).total_seconds())
+    assert task.retries >= 8
+    assert waits[0] <= 20 and max(waits) <= 120
+    assert sum(waits) >= 8 * 60, waits
+
+
 def test_batch_runs_can_start_at_a_later_epoch_and_bad_bounds_are_refused(airflow_env,
                                                                             monkeypatch):
     """FALKIRK_BATCH_FIRST_EPOCH hands a region to Airflow mid-stream: the first run's data

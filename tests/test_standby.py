@@ -158,7 +158,8 @@ def test_a_standby_starts_in_a_session_whose_autogroup_is_niced_too():
         proc.wait()
 
 
-def test_standby_drivers_are_refused_for_jobs_that_are_clients_of_an_engine(monkeypatch):
+def test_standby_drivers_are_refused_for_jobs_that_are_clients_of_an_engine(monkeypatch,
+                                                                          tmp_path):
     """A standby keeps a driver JVM warm; a client of the engine has none to keep: asking
     for both is refused when the settings are read, naming the two and the way out."""
     from falkirk.config import ConfigError
@@ -169,3 +170,13 @@ def test_standby_drivers_are_refused_for_jobs_that_are_clients_of_an_engine(monk
         load("local")
     monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", "")
     assert load("local").standby_drivers == 1
+    # a run that asks for standby drivers itself is refused the same way, before its
+    # broker starts
+    from falkirk.local.run import LocalRun
+
+    monkeypatch.delenv("FALKIRK_STANDBY_DRIVERS")
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", "sc://127.0.0.1:1")
+    root = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"LocalRun\(standby=2\): standby_drivers=2"):
+        LocalRun(root, "reference", standby=2).__enter__()
+    assert not root.exists()

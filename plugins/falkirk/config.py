@@ -299,6 +299,18 @@ def _credentials(cfg: Config, var_dir: str) -> dict[str, str]:
     return found
 
 
+def refuse_standby_with_engine(cfg: Config, where: str) -> None:
+    """Standby drivers keep Spark driver JVMs warm for jobs that are applications of their
+    own; with an engine every job is a client of it, warm already: asking for both is a
+    mistake, refused naming ``where`` it was asked."""
+    if cfg.standby_drivers and cfg.spark_remote:
+        raise ConfigError(
+            f"{where}: standby_drivers={cfg.standby_drivers} keeps Spark driver JVMs warm "
+            f"for jobs that are applications of their own, but profile {cfg.env!r}'s jobs "
+            f"are clients of the engine at {cfg.spark_remote}, warm already "
+            "(FALKIRK_STANDBY_DRIVERS=0, or FALKIRK_SPARK_REMOTE= for applications)")
+
+
 def load(env: str | None = None) -> Config:
     """The configuration for ``env`` (default: $FALKIRK_ENV, else local)."""
     name = env or os.environ.get("FALKIRK_ENV", "local")
@@ -324,12 +336,7 @@ def load(env: str | None = None) -> Config:
             overrides[f.name] = value
     merged = replace(cfg, **{k: v for k, v in overrides.items() if k in ("standby_drivers",
                                                                          "spark_remote")})
-    if merged.standby_drivers and merged.spark_remote:
-        raise ConfigError(
-            f"FALKIRK_ENV={name}: standby_drivers={merged.standby_drivers} keeps Spark driver "
-            f"JVMs warm for jobs that are applications of their own, but this profile's jobs "
-            f"are clients of the engine at {merged.spark_remote}, warm already "
-            "(FALKIRK_STANDBY_DRIVERS=0, or FALKIRK_SPARK_REMOTE= for applications)")
+    refuse_standby_with_engine(merged, f"FALKIRK_ENV={name}")
     if cfg.storage_options:  # an object store: its credentials are never in the repository
         endpoint = os.environ.get("FALKIRK_S3_ENDPOINT")
         opts = dict(cfg.storage_options)

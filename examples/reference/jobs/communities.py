@@ -97,20 +97,22 @@ def transform(
         return labels.select("node_id", "label"), 0
 
     rounds = 0
+    # A round is one aggregation (the changed nodes' messages and every node's own label,
+    # grouped by node) and the pointer jump, not a join, a grouping and a second join: on
+    # small epochs the Spark stages, not the rows, are what a round costs.
     while True:
         rounds += 1
-        best = (
+        current = labels.select("node_id", "label")
+        messages = (
             labels.filter("changed")
             .select(F.col("node_id").alias("src"), F.col("label").alias("msg"))
             .join(adjacency, "src")
-            .groupBy(F.col("dst").alias("node_id"))
-            .agg(F.min("msg").alias("msg"))
+            .select(F.col("dst").alias("node_id"), F.col("msg").alias("label"),
+                    F.lit(None).cast("long").alias("old"))
         )
-        current = labels.select("node_id", "label")
-        proposed = current.join(best, "node_id", "left").select(
-            "node_id", F.col("label").alias("old"),
-            F.least(F.col("label"), F.coalesce(F.col("msg"), F.col("label"))).alias("label"),
-        )
+        own = current.select("node_id", "label", F.col("label").alias("old"))
+        proposed = (own.unionByName(messages).groupBy("node_id")
+                    .agg(F.min("old").alias("old"), F.min("label").alias("label")))
         # Pointer jumping: a node's label names a node of its component; that node's label
         # is as good and often smaller, so long chains converge in ~log rounds, not ~length.
         hop = current.select(F.col("node_id").alias("label"), F.col("label").alias("jump"))

@@ -20,6 +20,17 @@ DEFAULT_ARGS: dict[str, Any] = {
     "retry_delay": timedelta(seconds=20),
 }
 TAGS = ["falkirk"]
+#: The retries of a batch epoch's task. Its rerun is safe (the epoch's outputs are written
+#: exactly once) and is the batch regime's recovery, so a try killed with the engine, the
+#: broker or the worker is tried again, each wait twice the one before (10 s to 2 min, about
+#: 10 minutes in all): one retry 20 s later left an epoch failed under repeated faults, and
+#: every region downstream waiting for it. Refusals (AirflowFailException) never retry.
+BATCH_EPOCH_RETRIES: dict[str, Any] = {
+    "retries": 8,
+    "retry_delay": timedelta(seconds=10),
+    "retry_exponential_backoff": 2.0,
+    "max_retry_delay": timedelta(minutes=2),
+}
 
 
 def rollback_params(pipeline: Pipeline) -> dict[str, Param]:

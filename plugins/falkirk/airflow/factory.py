@@ -25,7 +25,7 @@ from airflow.sdk import DAG
 
 from falkirk.airflow import batch, checks_tasks, names, streams, supervisor
 from falkirk.airflow import rollback_tasks as steps
-from falkirk.airflow.defaults import DEFAULT_ARGS, TAGS, rollback_params
+from falkirk.airflow.defaults import BATCH_EPOCH_RETRIES, DEFAULT_ARGS, TAGS, rollback_params
 from falkirk.airflow.maintenance import collect_garbage
 from falkirk.config import load
 from falkirk.errors import FalkirkError
@@ -83,7 +83,9 @@ another, from `FALKIRK_BATCH_FIRST_EPOCH` (default 0) to `FALKIRK_BATCH_EPOCHS` 
 (default 10).
 
 - **{r}**: {run}. The job waits for the epoch's inputs (up to 10 minutes) and writes the
-  epoch's outputs exactly once, so clearing a run reruns its epoch safely. The epoch
+  epoch's outputs exactly once, so clearing a run reruns its epoch safely. A failed
+  try is tried again up to 8 times, each wait twice the one before (10 s to 2 min); a
+  run whose tries all failed fails, and clearing it reruns the epoch. The epoch
   number is in the task's *Rendered Templates*.
 - **check_committed**: fails unless the epoch log shows the epoch committed.
 - **data_checks**: `falkirk validate --epoch k --region {r}`: the suites of the region's
@@ -215,9 +217,11 @@ def batch_dag(pipeline: Pipeline, region: str) -> DAG:
     ) as dag:
         if load().spark_remote:  # a client of the engine, in the task's process
             run = PythonOperator(task_id=region, python_callable=batch.run_epoch,
-                                 op_kwargs={"pipeline": p, "region": region})
+                                 op_kwargs={"pipeline": p, "region": region},
+                                 **BATCH_EPOCH_RETRIES)
         else:
-            run = SparkSubmitOperator(task_id=region, **batch.submit_kwargs(p, region))
+            run = SparkSubmitOperator(task_id=region, **batch.submit_kwargs(p, region),
+                                      **BATCH_EPOCH_RETRIES)
         check = PythonOperator(task_id="check_committed", python_callable=batch.verify_committed,
                                op_kwargs={"pipeline": p, "region": region})
         checks = PythonOperator(task_id="data_checks",

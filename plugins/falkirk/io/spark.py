@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import MutableMapping
 
 from falkirk.config import Config, load
 
@@ -100,6 +101,20 @@ def _checkpoint_dir(spark) -> str | None:
 SESSION_ENV = "FALKIRK_SPARK_SESSION"
 
 
+def driver_env(env: MutableMapping[str, str], cfg: Config) -> MutableMapping[str, str]:
+    """``env`` made fit for a process that may start a Spark driver (this one, or a job):
+    Spark's Python on this interpreter (else its workers cannot import pyarrow), loopback on
+    local masters (on a cluster the workers must reach the driver), and without the mark
+    pyspark leaves in a process that made a Connect session, and in every process it starts:
+    under it a builder refuses to start a JVM (a Connect client sets the mark itself)."""
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if cfg.spark_master.startswith("local"):
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return env
+
+
 def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     """A Spark session for this machine's profile.
 
@@ -115,15 +130,8 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     cfg = cfg or load()
     if cfg.spark_remote:
         return remote_session(cfg, **conf)
-    # pyspark marks a process that made a Connect session (and every process it starts,
-    # through the environment) as a Connect one, whose builder then refuses to start a
-    # JVM: this session is an application of its own.
-    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    driver_env(os.environ, cfg)  # this session is an application of its own
     local = cfg.spark_master.startswith("local")
-    if local:  # on a cluster the driver must be reachable from the workers
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(cfg.spark_master)

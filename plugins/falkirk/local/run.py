@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from falkirk.config import Config, load
+from falkirk.config import Config, load, refuse_standby_with_engine
 from falkirk.errors import FalkirkError
 from falkirk.log.epochlog import EpochLog
 from falkirk.model.topology import Pipeline, load_pipeline
@@ -50,21 +50,18 @@ class LocalRun:
     def __enter__(self) -> LocalRun:
         from falkirk.local.broker import LocalBroker
 
+        cfg = load()
+        if self.standby is not None:  # refused before anything starts
+            refuse_standby_with_engine(replace(cfg, standby_drivers=self.standby),
+                                       f"LocalRun(standby={self.standby})")
         self.root.mkdir(parents=True, exist_ok=True)
         if self.broker is None:
             self.broker = LocalBroker(self.root / "broker")
             self.broker.start()
-        cfg = load()
         self.cfg: Config = replace(cfg, lake=self._lake(cfg),
                                    var_dir=str(self.root / "var"),
                                    kafka_bootstrap=self.broker.bootstrap)
         if self.standby is not None:
-            if self.standby and self.cfg.spark_remote:
-                raise LocalRunError(
-                    f"{self.standby} standby driver(s) asked for, but every job of profile "
-                    f"{cfg.env!r} is a client of the engine at {self.cfg.spark_remote}, warm "
-                    "already: standby drivers keep JVMs warm for jobs that are Spark "
-                    "applications of their own (FALKIRK_SPARK_REMOTE= runs them so)")
             self.cfg = replace(self.cfg, standby_drivers=self.standby)
         self.env = {"FALKIRK_LAKE": self.cfg.lake, "FALKIRK_VAR_DIR": self.cfg.var_dir,
                     "FALKIRK_KAFKA_BOOTSTRAP": self.cfg.kafka_bootstrap}

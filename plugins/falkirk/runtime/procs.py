@@ -75,15 +75,9 @@ def as_application(cfg: Config) -> tuple[Config, dict[str, str]]:
 
 def job_env() -> dict[str, str]:
     """The environment a job starts in: this interpreter for Spark's Python, loopback locally."""
-    env = dict(os.environ)
-    # pyspark marks a process that made a Connect session as one, for its children too: a
-    # job decides by its own profile (a Connect client sets the mark itself).
-    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if load().spark_master.startswith("local"):  # a cluster's workers must reach the driver
-        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    return env
+    from falkirk.io.spark import driver_env
+
+    return dict(driver_env(dict(os.environ), load()))
 
 
 def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,

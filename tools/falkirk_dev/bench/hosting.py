@@ -78,10 +78,14 @@ def one_application(run, lake: Path, last: int) -> float:
     """The regions in one fresh Spark session to ``last``; its wall seconds, its JVM's
     start included."""
     from falkirk.io.spark import session
+    from falkirk.runtime.procs import as_application
     from falkirk_dev.bench.regimes_bench import run_once
 
+    # a driver of its own even where the profile runs an engine: a Connect session would
+    # measure a client of the engine (and leave the engine it started running)
+    run.cfg, _ = as_application(run.cfg)
     started = time.monotonic()
-    spark = session("falkirk-bench-hosting")
+    spark = session("falkirk-bench-hosting", cfg=run.cfg)
     try:
         run_once(run, spark, lake, True, last)
     finally:

@@ -120,6 +120,12 @@ class AirflowAPI:
         return {t["task_id"] if t.get("map_index", -1) == -1
                 else f"{t['task_id']}[{t['map_index']}]": t for t in data["task_instances"]}
 
+    def failed_tasks(self, dag_id: str) -> list[dict]:
+        """The DAG's task instances that failed for good (no try left), in any run."""
+        data = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/~/taskInstances"
+                                "?state=failed&state=upstream_failed&limit=100")
+        return data["task_instances"]
+
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         q = urllib.parse.quote(run_id, safe="")
         data = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{q}/taskInstances/{task_id}/"
@@ -329,7 +335,8 @@ class AirflowDemo:
                           else "not running" if self.job_info(name) else "not started")
         if airflow or self._airflow is None:
             sup = self.api.runs(SUPERVISOR)
-            self._airflow = {"batch": self.api.runs(BATCH), "supervisor": sup}
+            self._airflow = {"batch": self.api.runs(BATCH), "supervisor": sup,
+                             "batch_failed_tasks": self.api.failed_tasks(BATCH)}
             if not self.live_checks:
                 self.skip_live_checks(self._airflow)
             self._airflow["supervisor_tasks"] = {
@@ -407,10 +414,19 @@ class AirflowDemo:
                 time.sleep(interval)
 
     def check_failures(self, p: dict[str, Any]) -> None:
+        """Fail on a failed batch run, and on a batch task that failed for good even when
+        its run says success (a run whose data_checks the demo marked skipped ends
+        `success` though its epoch's task failed: nothing would ever rerun that epoch)."""
         failed = [r for r in p["batch"] if r["state"] == "failed"]
         if failed:
             raise DemoError(f"{BATCH} run {failed[0]['dag_run_id']} failed: see "
                             f"{self.api.run_url(BATCH, failed[0]['dag_run_id'])} and "
+                            f"{self.home}/logs/")
+        if p.get("batch_failed_tasks"):
+            ti = p["batch_failed_tasks"][0]
+            raise DemoError(f"{BATCH} task {ti['task_id']} {ti['state']} after "
+                            f"{ti.get('try_number')} tries in run {ti['dag_run_id']}: see "
+                            f"{self.api.run_url(BATCH, ti['dag_run_id'])} and "
                             f"{self.home}/logs/")
         for run_id, tasks in p["supervisor_tasks"].items():
             for task, ti in tasks.items():
