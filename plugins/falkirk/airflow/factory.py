@@ -84,9 +84,9 @@ another, from `FALKIRK_BATCH_FIRST_EPOCH` (default 0) to `FALKIRK_BATCH_EPOCHS` 
 
 - **{r}**: {run}. The job waits for the epoch's inputs (up to 10 minutes) and writes the
   epoch's outputs exactly once, so clearing a run reruns its epoch safely. A failed
-  try is tried again up to 8 times, each wait twice the one before (10 s to 2 min); a
-  run whose tries all failed fails, and clearing it reruns the epoch. The epoch
-  number is in the task's *Rendered Templates*.
+  try is tried again up to {retries} times, each wait about twice the one before
+  ({first} to {most}); a run whose tries all failed fails, and clearing it reruns the
+  epoch. The epoch number is in the task's *Rendered Templates*.
 - **check_committed**: fails unless the epoch log shows the epoch committed.
 - **data_checks**: `falkirk validate --epoch k --region {r}`: the suites of the region's
   tables on exactly the epoch's Delta version. A failing epoch is quarantined (readers
@@ -203,7 +203,10 @@ def batch_dag(pipeline: Pipeline, region: str) -> DAG:
            f"`spark-submit {pipeline.regions[region].job} --pipeline {p} --epoch k` on the "
            "`spark_default` connection")
     doc = BATCH_DOC.format(p=p, r=region, rollback=names.rollback(p),
-                           source=pipeline.source or "the pipeline declaration", run=run)
+                           source=pipeline.source or "the pipeline declaration", run=run,
+                           retries=BATCH_EPOCH_RETRIES["retries"],
+                           first=f"{BATCH_EPOCH_RETRIES['retry_delay'].total_seconds():.0f} s",
+                           most=f"{BATCH_EPOCH_RETRIES['max_retry_delay'].total_seconds():.0f} s")
     with DAG(
         dag_id=names.batch(p, region),
         description=f"One {region} run per epoch of {p} (data interval = epoch window)",

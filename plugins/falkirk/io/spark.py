@@ -101,8 +101,8 @@ def _checkpoint_dir(spark) -> str | None:
 SESSION_ENV = "FALKIRK_SPARK_SESSION"
 
 
-def driver_env(env: MutableMapping[str, str], cfg: Config) -> MutableMapping[str, str]:
-    """``env`` made fit for a process that may start a Spark driver (this one, or a job):
+def driver_env(env: MutableMapping[str, str], cfg: Config) -> None:
+    """Make ``env`` fit for a process that may start a Spark driver (this one, or a job):
     Spark's Python on this interpreter (else its workers cannot import pyarrow), loopback on
     local masters (on a cluster the workers must reach the driver), and without the mark
     pyspark leaves in a process that made a Connect session, and in every process it starts:
@@ -112,7 +112,6 @@ def driver_env(env: MutableMapping[str, str], cfg: Config) -> MutableMapping[str
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if cfg.spark_master.startswith("local"):
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    return env
 
 
 def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):

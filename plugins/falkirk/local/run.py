@@ -52,8 +52,8 @@ class LocalRun:
 
         cfg = load()
         if self.standby is not None:  # refused before anything starts
-            refuse_standby_with_engine(replace(cfg, standby_drivers=self.standby),
-                                       f"LocalRun(standby={self.standby})")
+            cfg = replace(cfg, standby_drivers=self.standby)
+            refuse_standby_with_engine(cfg, f"LocalRun(standby={self.standby})")
         self.root.mkdir(parents=True, exist_ok=True)
         if self.broker is None:
             self.broker = LocalBroker(self.root / "broker")
@@ -61,8 +61,6 @@ class LocalRun:
         self.cfg: Config = replace(cfg, lake=self._lake(cfg),
                                    var_dir=str(self.root / "var"),
                                    kafka_bootstrap=self.broker.bootstrap)
-        if self.standby is not None:
-            self.cfg = replace(self.cfg, standby_drivers=self.standby)
         self.env = {"FALKIRK_LAKE": self.cfg.lake, "FALKIRK_VAR_DIR": self.cfg.var_dir,
                     "FALKIRK_KAFKA_BOOTSTRAP": self.cfg.kafka_bootstrap}
         if self.standby is not None:  # for what starts jobs outside this process too

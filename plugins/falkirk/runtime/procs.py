@@ -77,7 +77,9 @@ def job_env() -> dict[str, str]:
     """The environment a job starts in: this interpreter for Spark's Python, loopback locally."""
     from falkirk.io.spark import driver_env
 
-    return dict(driver_env(dict(os.environ), load()))
+    env = dict(os.environ)
+    driver_env(env, load())
+    return env
 
 
 def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
