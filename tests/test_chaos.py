@@ -114,7 +114,8 @@ def _campaign_on_a_log(monkeypatch) -> tuple[chaos_airflow.AirflowCampaign, list
     monkeypatch.setattr(chaos_airflow.time, "sleep", clock.sleep)
     log = SimpleNamespace(records=lambda name: list(records), rollbacks=lambda name: [],
                           job_runs=lambda name: {})
-    run = SimpleNamespace(log=log, pipeline=SimpleNamespace(name="reference"))
+    run = SimpleNamespace(log=log, pipeline=SimpleNamespace(
+        name="reference", regions={"ingest": None, "communities": None}))
     demo = SimpleNamespace(run=run, check_failures=lambda progress: None,
                            progress=lambda airflow: {})
     c = chaos_airflow.AirflowCampaign(demo, random.Random(0), lambda m: None,
@@ -147,6 +148,20 @@ def test_a_stuck_kill_is_still_watched_and_its_late_recovery_counts_in_the_p95(m
     quick = {"target": "broker", "recovery_s": 10.0}
     figures = outcome([quick] * 19 + [kill], {}, {})
     assert figures["recovery_s_p95"] == 700.0, figures
+
+
+def test_strikes_begin_once_every_region_has_committed_an_epoch(monkeypatch):
+    """A kill before the pipeline's first commits would time its start, not a recovery:
+    the campaign strikes once every declared region committed (or checkpointed) an epoch,
+    one gap after that, not one gap after it was made."""
+    c, records, clock = _campaign_on_a_log(monkeypatch)
+    assert not c.pipeline_running({"regions": {}})  # nothing logged yet
+    assert not c.pipeline_running({"regions": {"ingest": ([0, 1], [])}})  # one silent
+    assert not c.pipeline_running({"regions": {"ingest": ([0], []), "communities": ([], [0])}})
+    assert c.pipeline_running({"regions": {"ingest": ([0], []), "communities": ([0], [1])}})
+    clock.now += 600.0
+    c.begin()
+    assert clock() + 0.5 * 15.0 <= c.next_at <= clock() + 1.5 * 15.0
 
 
 def test_a_kill_not_recovered_after_the_strikes_end_never_recovers(monkeypatch):

@@ -288,6 +288,66 @@ def test_label_propagation_on_nothing(spark):
     assert communities.user_community(labels, 3).count() == 0
 
 
+def test_components_in_one_task_reach_label_propagations_fixed_point(spark):
+    """The one-task path gives exactly the labels of label propagation: two components,
+    then a merge warm-started from the labels with an isolated node known only from them,
+    a chain, nothing, and random graphs of a few hundred edges."""
+    import random
+
+    empty = spark.createDataFrame([], LABELS)
+    edges = spark.createDataFrame([(0, 0), (1, 0), (5, 3), (6, 3), (6, 3)], EDGES)
+    labels = communities.components(edges, empty)
+    assert rows(labels) == [(0, 0), (1, 0), (2, 0), (7, 7), (10, 7), (12, 7)]
+    merged = edges.union(spark.createDataFrame([(1, 3)], EDGES))
+    previous = labels.union(spark.createDataFrame([(40, 40)], LABELS))
+    assert rows(communities.components(merged, previous)) == [
+        (0, 0), (1, 0), (2, 0), (7, 0), (10, 0), (12, 0), (40, 40)]
+    chain = spark.createDataFrame([(u, u) for u in range(20)] + [(u + 1, u) for u in range(20)],
+                                  EDGES)
+    assert rows(communities.components(chain, empty)) == [(n, 0) for n in range(41)]
+    assert communities.components(spark.createDataFrame([], EDGES), empty).count() == 0
+    draw = random.Random(15)
+    for size in (50, 300):
+        graph = spark.createDataFrame(
+            [(draw.randrange(size // 2), draw.randrange(size // 3)) for _ in range(size)], EDGES)
+        more = graph.union(spark.createDataFrame(
+            [(draw.randrange(size), draw.randrange(size)) for _ in range(size // 5)], EDGES))
+        propagated, _ = communities.transform(graph, empty)
+        one_task = communities.components(graph, empty)
+        assert rows(one_task) == rows(propagated)
+        # the next epoch, warm from the previous labels, with the new edges' endpoints as seeds
+        seeds = more.select((F.col("user_id") * 2).alias("node_id")).union(
+            more.select((F.col("item_id") * 2 + 1).alias("node_id")))
+        assert rows(communities.components(more, one_task)) == \
+            rows(communities.transform(more, propagated, seeds_df=seeds)[0])
+
+
+def test_the_job_propagates_labels_across_the_cluster_above_its_one_task_bound(spark, caplog):
+    """A graph within ``one_task_max_edges`` converges in one task; a larger one (here the
+    bound set to 1 edge) by label propagation; the labels are the same."""
+    import logging
+
+    from falkirk.job import EpochContext
+
+    inter = spark.createDataFrame([(0, 1, 0, "c0", False), (0, 2, 0, "c0", True),
+                                   (0, 3, 1, "c0", False)], table_schema("interactions"))
+    found = []
+    for bound in (communities.ONE_TASK_MAX_EDGES, 1):
+        job = communities.CommunitiesJob(one_task_max_edges=bound)
+        state = {communities.REGION: job.initial_state(communities.REGION, spark)}
+        ctx = EpochContext(epoch=0, generation=1, spark=spark, pipeline=None,
+                           inputs={"interactions": inter}, state=state,
+                           active={communities.REGION})
+        with caplog.at_level(logging.INFO, logger="falkirk.jobs.communities"):
+            caplog.clear()
+            result = job.process(ctx)
+        found.append((rows(result.outputs["user_community"]), caplog.messages[-1]))
+    # users 1 and 2 share item 0 (node 1), user 3 has item 1 (node 3)
+    assert found[0][0] == found[1][0] == [(0, 1, 2, 1), (0, 2, 4, 1), (0, 3, 6, 3)]
+    assert found[0][1] == "epoch 0 converged in one task (3 edge(s))"
+    assert found[1][1].startswith("epoch 0 converged after ") and "iteration(s)" in found[1][1]
+
+
 def test_edges_are_the_distinct_pairs_of_all_epochs(spark):
     inter = spark.createDataFrame(
         [(0, 1, 2, "c2", False), (1, 1, 2, "c2", True), (1, 3, 2, "c2", True)],

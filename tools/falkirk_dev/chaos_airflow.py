@@ -3,7 +3,9 @@
 Where :mod:`falkirk_dev.chaos` recovers each death itself (as the supervisor's ``recover``
 would), here a local Airflow (``bin/airflow``, LocalExecutor) runs the reference pipeline:
 the streams DAG starts, watches and recovers the stream jobs, the batch DAG runs popularity
-once per epoch. The campaign only breaks things, at moments drawn from ``--seed``:
+once per epoch. Once every region has committed an epoch (the pipeline is running; a kill
+before it would time the jobs' cold first epochs, not a recovery) the campaign only breaks
+things, at moments drawn from ``--seed``:
 
 * ``job``: SIGKILL of a random stream job's process group;
 * ``scheduler``: SIGKILL of Airflow's scheduler with its executor and the task processes
@@ -112,6 +114,17 @@ class AirflowCampaign:
     @property
     def run(self):
         return self.demo.run
+
+    def pipeline_running(self, progress: dict[str, Any]) -> bool:
+        """Every region of the pipeline committed an epoch. Strikes begin then: a kill
+        before it would time the pipeline's start (every job's cold first epoch, 25 s and
+        more on 2 cores), not a recovery."""
+        regions = progress.get("regions", {})
+        return all(regions.get(name, ((), ()))[0] for name in self.run.pipeline.regions)
+
+    def begin(self) -> None:
+        """The pipeline is running: the first strike comes one gap from now."""
+        self.next_at = time.monotonic() + self._gap()
 
     def _gap(self) -> float:
         return (self.rng.uniform(1.0, 8.0) if self.every_s is None
@@ -478,6 +491,9 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         c = AirflowCampaign(demo, random.Random(seed), say, targets, every_s)
         demo.wait("waiting for the stream jobs to start…",
                   lambda p: len(c.stream_jobs_alive()) == 3, interval=1)
+        demo.wait("waiting for every region's first epoch (strikes begin on a running "
+                  "pipeline)…", c.pipeline_running, interval=1)
+        c.begin()
         t_start = time.monotonic()
         end = t_start + minutes * 60
         looked, done = 0.0, False

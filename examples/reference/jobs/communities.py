@@ -4,13 +4,20 @@ Users and items share one node id space so a component can hold both:
 user ``u`` is node ``2u`` (even), item ``i`` is node ``2i + 1`` (odd). A community's label
 is the smallest node id in its component (an item's odd id when that is smallest).
 
-Label propagation iterates inside each epoch to a fixed point (the region's times are
-``(epoch, iteration)``): every node takes the minimum label over itself and its
-neighbours, then the label of the node its label names (pointer jumping). Edges only
-ever grow, so starting from the previous epoch's labels is sound (a label is the minimum
-of a component that is still inside the new one) and converges in a few rounds when
-little changed. The result depends only on the graph, never on
-partitioning or on the order rows arrive in.
+The labels iterate inside each epoch to a fixed point (the region's times are
+``(epoch, iteration)``). Edges only ever grow, so starting from the previous epoch's
+labels is sound: a label is the minimum of a component that is still inside the new one.
+Two ways reach the same fixed point, and the result depends only on the graph, never on
+partitioning or on the order rows arrive in:
+
+- :func:`components`, for a graph that fits one task (up to ``ONE_TASK_MAX_EDGES``
+  edges): the whole fixed point in one Spark task. On a small graph a round of label
+  propagation costs its Spark stages, not its rows, and an epoch redone in a recovery
+  paid ~100 of them (examples/reference/README.md,
+  "Communities in one task").
+- :func:`transform`, label propagation across the cluster for a larger graph: every node
+  takes the minimum label over itself and its neighbours, then the label of the node its
+  label names (pointer jumping), round after round.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ log = logging.getLogger("falkirk.jobs.communities")
 
 REGION = "communities"
 DEFAULT_CHECKPOINT_EVERY = 3
+#: The largest graph :func:`components` takes in one task: 5 M edges took 6 s and under
+#: 0.3 GiB in one Python process (examples/reference/README.md); a larger one propagates
+#: across the cluster.
+ONE_TASK_MAX_EDGES = 5_000_000
 
 
 def user_node(user_id: int) -> int:
@@ -134,6 +145,42 @@ def transform(
             return result, rounds
 
 
+def components(edges_df: DataFrame, labels_df: DataFrame) -> DataFrame:
+    """Labels ``(node_id, label)`` at the fixed point :func:`transform` reaches, in one task.
+
+    The edges and the previous labels (a node and its label are in one component, as
+    edges only grow) are brought to one partition and handed to SciPy's connected
+    components; a component's label is its smallest node id. One Spark stage whatever the
+    graph's diameter, so the graph must fit one task (``ONE_TASK_MAX_EDGES``).
+    """
+    user = (F.col("user_id") * 2).cast("long")
+    item = (F.col("item_id") * 2 + 1).cast("long")
+    pairs = edges_df.select(user.alias("a"), item.alias("b")).unionByName(labels_df.select(
+        F.col("node_id").cast("long").alias("a"), F.col("label").cast("long").alias("b")))
+
+    def fixed_point(batches):  # nested, so Spark ships it by value, not by module name
+        import numpy as np
+        import pyarrow as pa
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components
+
+        table = pa.Table.from_batches([b for b in batches if b.num_rows],
+                                      schema=pa.schema([("a", pa.int64()), ("b", pa.int64())]))
+        if table.num_rows == 0:
+            return
+        a, b = table.column("a").to_numpy(), table.column("b").to_numpy()
+        nodes, index = np.unique(np.concatenate([a, b]), return_inverse=True)  # sorted ids
+        m = len(a)
+        graph = coo_matrix((np.ones(m, dtype=np.int8), (index[:m], index[m:])),
+                           shape=(len(nodes), len(nodes)))
+        _, component = connected_components(graph, directed=False)
+        _, first = np.unique(component, return_index=True)  # each one's smallest node
+        yield pa.RecordBatch.from_arrays([pa.array(nodes), pa.array(nodes[first][component])],
+                                         names=["node_id", "label"])
+
+    return pairs.coalesce(1).mapInArrow(fixed_point, "node_id long, label long")
+
+
 def user_community(labels_df: DataFrame, epoch: int) -> DataFrame:
     """The ``user_community`` rows of ``epoch``: every user node with its label."""
     out = (
@@ -158,6 +205,10 @@ class CommunitiesJob(JobLogic):
 
     regions = (REGION,)
 
+    def __init__(self, one_task_max_edges: int = ONE_TASK_MAX_EDGES):
+        super().__init__()
+        self.one_task_max_edges = one_task_max_edges
+
     def initial_state(self, region: str, spark) -> dict:
         empty_edges = spark.createDataFrame([], "user_id long, item_id long")
         empty_labels = spark.createDataFrame([], "node_id long, label long")
@@ -167,12 +218,18 @@ class CommunitiesJob(JobLogic):
         state = ctx.state[REGION]
         new = edges(ctx.inputs["interactions"].filter(F.col("epoch") == ctx.epoch))
         graph = cut_lineage(state["edges"].unionByName(new).distinct())
-        seeds = new.select(F.col("user_id") * 2).union(new.select(F.col("item_id") * 2 + 1))
-        labels, rounds = transform(
-            graph, state["labels"], seeds_df=seeds.toDF("node_id"),
-            on_iteration=lambda i, changed: log.info("epoch %d iteration %d: %d label(s) "
-                                                     "changed", ctx.epoch, i, changed))
-        log.info("epoch %d converged after %d iteration(s)", ctx.epoch, rounds)
+        size = graph.count()
+        if size <= self.one_task_max_edges:
+            labels = cut_lineage(components(graph, state["labels"]))  # one task, run once
+            log.info("epoch %d converged in one task (%d edge(s))", ctx.epoch, size)
+        else:
+            seeds = new.select(F.col("user_id") * 2).union(new.select(F.col("item_id") * 2 + 1))
+            labels, rounds = transform(
+                graph, state["labels"], seeds_df=seeds.toDF("node_id"),
+                on_iteration=lambda i, changed: log.info(
+                    "epoch %d iteration %d: %d label(s) changed", ctx.epoch, i, changed))
+            log.info("epoch %d converged after %d iteration(s) (%d edge(s))", ctx.epoch,
+                     rounds, size)
         return EpochResult(outputs={"user_community": user_community(labels, ctx.epoch)},
                            state={REGION: {"edges": graph, "labels": labels}})
 
