@@ -50,6 +50,12 @@ def item_node(item_id: int) -> int:
     return 2 * item_id + 1
 
 
+def node_pairs(edges_df: DataFrame) -> DataFrame:
+    """The ``(u, i)`` node ids of user-item edges ``(user_id, item_id)``."""
+    return edges_df.select((F.col("user_id") * 2).cast("long").alias("u"),
+                           (F.col("item_id") * 2 + 1).cast("long").alias("i"))
+
+
 def edges(interactions_df: DataFrame) -> DataFrame:
     """The distinct (user_id, item_id) edges of an ``interactions`` table (all its epochs)."""
     return interactions_df.select("user_id", "item_id").distinct()
@@ -81,9 +87,7 @@ def transform(
     """
     if checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be ≥ 1, got {checkpoint_every}")
-    user = (F.col("user_id") * 2).cast("long")
-    item = (F.col("item_id") * 2 + 1).cast("long")
-    pairs = edges_df.select(user.alias("u"), item.alias("i"))
+    pairs = node_pairs(edges_df)
     adjacency = cut_lineage(
         pairs.select(F.col("u").alias("src"), F.col("i").alias("dst"))
         .union(pairs.select(F.col("i").alias("src"), F.col("u").alias("dst")))
@@ -153,10 +157,8 @@ def components(edges_df: DataFrame, labels_df: DataFrame) -> DataFrame:
     components; a component's label is its smallest node id. One Spark stage whatever the
     graph's diameter, so the graph must fit one task (``ONE_TASK_MAX_EDGES``).
     """
-    user = (F.col("user_id") * 2).cast("long")
-    item = (F.col("item_id") * 2 + 1).cast("long")
-    pairs = edges_df.select(user.alias("a"), item.alias("b")).unionByName(labels_df.select(
-        F.col("node_id").cast("long").alias("a"), F.col("label").cast("long").alias("b")))
+    pairs = node_pairs(edges_df).unionByName(labels_df.select(
+        F.col("node_id").cast("long").alias("u"), F.col("label").cast("long").alias("i")))
 
     def fixed_point(batches):  # nested, so Spark ships it by value, not by module name
         import numpy as np
@@ -165,10 +167,10 @@ def components(edges_df: DataFrame, labels_df: DataFrame) -> DataFrame:
         from scipy.sparse.csgraph import connected_components
 
         table = pa.Table.from_batches([b for b in batches if b.num_rows],
-                                      schema=pa.schema([("a", pa.int64()), ("b", pa.int64())]))
+                                      schema=pa.schema([("u", pa.int64()), ("i", pa.int64())]))
         if table.num_rows == 0:
             return
-        a, b = table.column("a").to_numpy(), table.column("b").to_numpy()
+        a, b = table.column("u").to_numpy(), table.column("i").to_numpy()
         nodes, index = np.unique(np.concatenate([a, b]), return_inverse=True)  # sorted ids
         m = len(a)
         graph = coo_matrix((np.ones(m, dtype=np.int8), (index[:m], index[m:])),
@@ -223,9 +225,11 @@ class CommunitiesJob(JobLogic):
             labels = cut_lineage(components(graph, state["labels"]))  # one task, run once
             log.info("epoch %d converged in one task (%d edge(s))", ctx.epoch, size)
         else:
-            seeds = new.select(F.col("user_id") * 2).union(new.select(F.col("item_id") * 2 + 1))
+            pairs = node_pairs(new)
+            seeds = pairs.select(F.col("u").alias("node_id")).union(
+                pairs.select(F.col("i").alias("node_id")))
             labels, rounds = transform(
-                graph, state["labels"], seeds_df=seeds.toDF("node_id"),
+                graph, state["labels"], seeds_df=seeds,
                 on_iteration=lambda i, changed: log.info(
                     "epoch %d iteration %d: %d label(s) changed", ctx.epoch, i, changed))
             log.info("epoch %d converged after %d iteration(s) (%d edge(s))", ctx.epoch,
