@@ -466,6 +466,59 @@ def test_a_pid_file_being_written_is_never_read_half_written(tmp_path, monkeypat
     assert json.loads((tmp_path / "run" / "reference" / "ingest.json").read_text())
 
 
+def test_when_the_engine_died_every_job_on_it_is_recovered_with_the_first_dead_one(
+        tmp_path, monkeypatch):
+    """The engine's kill takes every job's session: the jobs then died seconds apart, and
+    each death was rolled back on its own (three rollbacks, one after the other). Once the
+    engine's recorded process is gone and nothing answers, the watch counts every running
+    stream job with the first dead one, for one rollback; an engine still starting (its
+    process alive) does not count as dead. A job that exited because its engine died
+    failed, but not on its own: the restart backoff does not count it."""
+    import subprocess
+
+    from falkirk.airflow import supervisor
+    from falkirk.local.broker import free_port
+    from falkirk.local.engine import died
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
+    from falkirk.runtime.park import ENGINE_LOST_EXIT
+    from falkirk.runtime.procs import write_whole
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
+    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")  # no one
+    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    pipeline = load_pipeline("reference")
+    live = {job: subprocess.Popen(["sleep", "300"], start_new_session=True)
+            for job in ("jobs/serve.py", "jobs/communities.py")}
+    engine = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        for job, p in live.items():
+            procs.record_job_process(pipeline, job, p.pid, procs.process_started(p.pid), ["x"])
+        _job_ended(pipeline, "jobs/ingest.py", "started", None)  # then killed
+        (tmp_path / "engine").mkdir()
+        write_whole(tmp_path / "engine" / "engine.json",
+                    {"pid": engine.pid, "pgid": engine.pid,
+                     "process_started": procs.process_started(engine.pid)})
+        assert not died()  # its process lives: starting, not dead
+        assert supervisor.dead_or_finished(pipeline) == {"jobs/ingest.py": ["ingest"]}
+        engine.kill()
+        engine.wait()
+        assert died()
+        assert supervisor.dead_or_finished(pipeline) == {
+            "jobs/ingest.py": ["ingest"], "jobs/serve.py": ["serve", "stats"],
+            "jobs/communities.py": ["communities"]}
+    finally:
+        for p in (*live.values(), engine):
+            p.kill()
+            p.wait()
+    _job_ended(pipeline, "jobs/ingest.py", "failed", ENGINE_LOST_EXIT)
+    _job_ended(pipeline, "jobs/serve.py", "failed", 2)
+    assert supervisor.failed_on_their_own(pipeline, {"jobs/ingest.py", "jobs/serve.py"}) == {
+        "jobs/serve.py"}
+
+
 def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     """start_streams starts only jobs that neither run nor finished (unless a rollback names
     them); watch keeps waiting when every job finished (its standby drivers stopped), and

@@ -8,7 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -176,3 +178,55 @@ def test_a_job_whose_driver_parked_is_left_running(tmp_path):
     finally:
         os.killpg(leader.pid, 9)
         leader.wait(5)
+
+
+@pytest.mark.slow
+def test_a_job_whose_engine_dies_mid_epoch_exits_at_once_saying_why(lane, tmp_path):
+    """Forced interleaving: a job's process, on an engine of its own, is held in the middle
+    of an epoch (its output computed, its commit not made: ``writer:before-commit``), and
+    the engine is SIGKILLed then. A call in flight there would only fail after its
+    retries, and the epoch's cleanup calls after theirs (8-9 s under the fault campaign,
+    the jobs dying seconds apart). The job's fence watch finds the engine gone and the
+    process exits at once, still held, with ``ENGINE_LOST_EXIT`` and a ``failed`` row that
+    says why; without the exit it would wait at the hold."""
+    from falkirk.local.broker import free_port
+    from falkirk.local.engine import LocalEngine
+
+    cfg, log = lane
+    engine = LocalEngine(tmp_path / "engine", port=free_port(), cfg=cfg).start()
+    child = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = {sys.path!r}
+        from falkirk.config import load
+        from falkirk.io.spark import session
+        from falkirk.runtime.runner import JobDriver
+        import test_park
+        spark = session("engine-lost")
+        JobDriver(test_park.PIPE, test_park.Mirror(), spark, watch_interval_s=0.2,
+                  exit_on_engine_loss=True).run(until={EPOCHS - 1}, poll_s=0.1)
+        """)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__),
+           "FALKIRK_LOCAL_SPARK_REMOTE": engine.remote,
+           "FALKIRK_LOCAL_ENGINE_DIR": str(tmp_path / "engine"),
+           "FALKIRK_LOCAL_LAKE": cfg.lake, "FALKIRK_LAKE": cfg.lake,
+           faults.HOLD_ENV: "writer:before-commit", faults.HOLD_DIR_ENV: str(tmp_path)}
+    job = subprocess.Popen([sys.executable, "-c", child], env=env, cwd=tmp_path,
+                           start_new_session=True)
+    try:
+        reached = faults.hold_file(tmp_path, "writer:before-commit", "reached")
+        for _ in range(1200):  # the hold is the sync point; this only bounds a broken run
+            if reached.exists() or job.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert reached.exists() and job.poll() is None, job.poll()
+        engine.kill()
+        code = job.wait(60)  # never released: only the watch's exit ends it
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, 9)
+        engine.stop()
+    assert code == park.ENGINE_LOST_EXIT
+    row = log.job_runs("parkway")["jobs/mirror.py"]
+    assert (row["status"], row["exit_code"]) == ("failed", park.ENGINE_LOST_EXIT), row
+    assert "stopped answering" in row["message"], row
+    assert [r.status for r in log.records("parkway") if r.region == "mirror"] == ["running"]

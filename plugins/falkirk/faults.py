@@ -22,9 +22,10 @@ The points:
   epoch's rows (its outputs are committed): a rollback that fences it now meets a late row.
 
 ``FALKIRK_HOLD_AT=<point>[@<N>]`` (with ``FALKIRK_HOLD_DIR=<folder>``) holds the process
-instead, the N-th time it reaches the point: it writes ``<point>.reached`` in the folder and waits
-until a test writes ``<point>.release`` there. A test forces an interleaving so (another
-process or thread acts while this one is held), with no sleeps.
+instead, the N-th time it reaches the point (any of the points above): it writes
+``<point>.reached`` in the folder and waits until a test writes ``<point>.release``
+there. A test forces an interleaving so (another process or thread acts while this one
+is held), with no sleeps.
 """
 
 from __future__ import annotations
@@ -81,9 +82,11 @@ def _now(env: str, point: str, counts: dict[str, int]) -> bool:
 
 
 def maybe_crash(point: str) -> None:
-    """SIGKILL this process if the trial asked to crash at ``point`` (this time)."""
+    """SIGKILL this process if the trial asked to crash at ``point`` (this time); hold it
+    there if a test asked to hold (:func:`maybe_hold`)."""
     if _now(ENV, point, _reached):
         os.kill(os.getpid(), signal.SIGKILL)
+    maybe_hold(point)
 
 
 def hold_file(folder: str | os.PathLike, point: str, what: str) -> Path:

@@ -18,6 +18,7 @@ from falkirk.airflow.render import plan_markdown
 from falkirk.model.topology import Pipeline, load_pipeline
 from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
 from falkirk.runtime import procs
+from falkirk.runtime.park import ENGINE_LOST_EXIT
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,14 @@ def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
     park in time is stopped and restarted. ``say``: where progress goes (default: this
     module's log)."""
     from falkirk.config import load
+    from falkirk.local.engine import died
     from falkirk.runtime.park import PARK_WAIT_S
 
     say = say or log.info
     stopped: list[str] = []
-    park_s = PARK_WAIT_S if load().park_moved_jobs else 0.0
+    cfg = load()
+    # nothing parks on a dead engine: its jobs are stopped at once
+    park_s = PARK_WAIT_S if cfg.park_moved_jobs and not died(cfg) else 0.0
 
     def stop(regions: set[str]) -> None:
         stopped.extend(procs.stop_regions(pipe, regions, park_s=park_s))
@@ -110,6 +114,8 @@ def dead_or_finished(pipeline: Pipeline) -> dict[str, list[str]]:
     Pauses by a rollback run are not deaths. When every stream job has finished because its
     input ended, the pipeline's standby drivers are stopped: nothing is left for them."""
     dead = streams.dead_jobs(pipeline)
+    if dead:
+        dead = with_the_engines_jobs(pipeline, dead)
     if not dead and not procs.running(pipeline) and not streams.pause_marker(pipeline).exists():
         from falkirk.runtime import standby
 
@@ -118,6 +124,21 @@ def dead_or_finished(pipeline: Pipeline) -> dict[str, list[str]]:
             log.info("every stream job finished: its input ended (pause the DAG to stop "
                      "supervising); standby drivers stopped: %s", stopped)
     return dead
+
+
+def with_the_engines_jobs(pipeline: Pipeline, dead: dict[str, list[str]]
+                          ) -> dict[str, list[str]]:
+    """``dead`` and, when this machine's engine died, every stream job still running: each
+    is a client whose session died with the engine and is about to fail (its fence watch
+    finds the engine gone within seconds). One rollback then recovers them all, instead of
+    one per job as each one's death is seen."""
+    from falkirk.local.engine import died
+
+    if not died():
+        return dead
+    mine = streams.stream_jobs(pipeline)
+    return {**{info["job"]: mine[info["job"]] for info in procs.running(pipeline)
+               if info["job"] in mine}, **dead}
 
 
 class RestartBackoff:
@@ -159,7 +180,8 @@ def failed_on_their_own(pipeline: Pipeline, jobs: set[str]) -> set[str]:
     from falkirk.log.epochlog import EpochLog
 
     runs = EpochLog.from_config().job_runs(pipeline.name)
-    return {job for job in jobs if (runs.get(job) or {}).get("status") == "failed"}
+    return {job for job in jobs if (runs.get(job) or {}).get("status") == "failed"
+            and runs[job].get("exit_code") != ENGINE_LOST_EXIT}
 
 
 def watch_by(run_id: str) -> str:
@@ -288,7 +310,7 @@ def recover(pipeline: str, ti: Any) -> dict[str, Any]:
     if not dead:
         log.info("nothing died")
         return {}
-    out = roll_back_and_restart(pipe, dead, ti.run_id)
+    out = roll_back_and_restart(pipe, with_the_engines_jobs(pipe, dead), ti.run_id)
     done = out.pop("plan")
     markdown = plan_markdown(done.to_json(), pipe)
     log.info("rollback plan:\n%s", markdown)

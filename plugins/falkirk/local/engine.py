@@ -281,6 +281,15 @@ def ensure(cfg: Config | None = None) -> None:
         LocalEngine(where, port, cfg).start()
 
 
+def died(cfg: Config | None = None) -> bool:
+    """This machine's engine, which falkirk runs, has died: nothing answers and no engine
+    process is recorded alive (one still starting has not died). Every session on it, so
+    every job on it, is gone: the supervisor recovers them all at once."""
+    cfg = cfg or load()
+    return (cfg.local_engine and bool(cfg.spark_remote) and _recorded(folder(cfg)) is None
+            and not answering(cfg.spark_remote))
+
+
 def _recorded(where: Path) -> dict | None:
     """The engine process recorded in ``where`` while it runs, else None."""
     try:

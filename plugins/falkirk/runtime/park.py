@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from falkirk.errors import FalkirkError
@@ -38,6 +39,9 @@ PARK_WAIT_S = 20.0
 #: How long a parked job waits for its rollback to finish before it fails (exit 2): the
 #: supervisor then recovers it as it would a failed job.
 PARK_MAX_S = 600.0
+#: A job's exit code when the engine it ran on died under it: a failure, but not of its
+#: own making (the supervisor's restart backoff does not count it; RestartBackoff).
+ENGINE_LOST_EXIT = 3
 #: The statuses in the log of job runs of a job process that still runs.
 RUNNING_STATUSES = ("started", "resumed", "parked")
 
@@ -54,16 +58,21 @@ class FenceWatch:
 
     With ``engine`` (a Spark Connect URL) it also looks whether the engine answers: a job
     waiting for its input makes no call that would find its session gone with a dead
-    engine, and must fail to be recovered (:attr:`engine_lost`)."""
+    engine, and must fail to be recovered (:attr:`engine_lost`). ``on_engine_lost`` is
+    called (in the watch's thread) once the engine counts as gone: a job's own process
+    exits there (:meth:`falkirk.runtime.runner.JobDriver.exit_engine_lost`) rather than
+    wait for its calls in flight to give up one after another."""
 
     ENGINE_LOOKS = 3  # looks in a row without an answer before the engine counts as gone
 
     def __init__(self, epoch_log: EpochLog, pipeline: str, regions: list[str],
                  generation: int, spark: Any, interval_s: float = 1.0,
-                 engine: str | None = None):
+                 engine: str | None = None,
+                 on_engine_lost: Callable[[], None] | None = None):
         self.log = EpochLog(epoch_log.root, epoch_log.storage_options)
         self.pipeline, self.regions, self.generation = pipeline, regions, generation
         self.spark, self.interval_s, self.engine = spark, interval_s, engine
+        self.on_engine_lost = on_engine_lost
         self.fenced: int | None = None  # the generation that fenced us
         self.engine_lost = False
         self._unanswered = 0
@@ -89,6 +98,8 @@ class FenceWatch:
                     log.error("the Spark engine at %s does not answer: %s's session is gone "
                               "with it", self.engine, "+".join(self.regions))
                     self.engine_lost = True
+                    if self.on_engine_lost is not None:
+                        self.on_engine_lost()
             if self.fenced is None:
                 try:
                     self.fenced = self.log.fenced(self.pipeline, self.regions, self.generation)

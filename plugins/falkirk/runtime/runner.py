@@ -58,6 +58,7 @@ from falkirk.model.schemas import arrow_schema, ddl, find, use_pipeline
 from falkirk.model.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
 from falkirk.model.topology import EdgeSpec, Pipeline
 from falkirk.runtime.park import (
+    ENGINE_LOST_EXIT,
     PARK_WAIT_S,
     RUNNING_STATUSES,
     FenceWatch,
@@ -982,9 +983,11 @@ class JobDriver:
     frontier in the rollback's generation, in the same warm Spark session."""
 
     def __init__(self, pipeline: Pipeline, logic: JobLogic, spark: Any, park: bool = True,
-                 cfg: Config | None = None, watch_interval_s: float = 1.0):
+                 cfg: Config | None = None, watch_interval_s: float = 1.0,
+                 exit_on_engine_loss: bool = False):
         self.pipeline, self.logic, self.spark, self.cfg = pipeline, logic, spark, cfg
         self.park, self.watch_interval_s = park, watch_interval_s
+        self.exit_on_engine_loss = exit_on_engine_loss  # the job's own process only
         self.job = pipeline.regions[logic.regions[0]].job or type(logic).__name__
         self.runner: JobRunner | None = None
         self.parked = 0  # times this driver parked
@@ -1014,7 +1017,9 @@ class JobDriver:
                 watch = runner.watch = FenceWatch(
                     runner.log, self.pipeline.name, runner.regions, runner.generation,
                     self.spark, self.watch_interval_s,
-                    engine=runner.cfg.spark_remote or None).start()
+                    engine=runner.cfg.spark_remote or None,
+                    on_engine_lost=self.exit_engine_lost if self.exit_on_engine_loss
+                    else None).start()
             try:
                 return runner.run(until_epoch=until, poll_s=poll_s,
                                   idle_timeout_s=idle_timeout_s)
@@ -1031,6 +1036,28 @@ class JobDriver:
                 runner.close()
             done = self._wait_parked(runner, fence)
             runner = self._begin(None, "resumed", done["generation"])
+
+    def exit_engine_lost(self) -> None:
+        """The engine died under this job (its fence watch found it not answering): record
+        the failure and exit now, with :data:`ENGINE_LOST_EXIT`. Each call the job has in
+        flight would only fail after its retries, and the commit threads' cleanup calls
+        after theirs, one after another (8-9 s under the fault campaign): its jobs then
+        died seconds apart and were rolled back one by one. The session, and the state in
+        it, is gone either way; the exit is a kill's, which recovery is built for."""
+        cfg = self.runner.cfg if self.runner is not None else self.cfg or load()
+        message = (f"the Spark engine at {cfg.spark_remote} stopped answering: the job's "
+                   "session (its state) is gone with it")
+        log.error("%s: %s; exiting", "+".join(self.logic.regions), message)
+        if (runs := self.runs) is not None:
+            epoch_log, name, job, generation = runs
+            with contextlib.suppress(Exception):  # a log away too: the death is still seen
+                EpochLog(epoch_log.root, epoch_log.storage_options).record_job_run(
+                    name, job, self.logic.regions, generation, "failed",
+                    exit_code=ENGINE_LOST_EXIT, message=message)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(ENGINE_LOST_EXIT)
 
     def _wait_parked(self, runner: JobRunner, fence: int) -> dict:
         """Acknowledge the fence once nothing of this job runs, then wait for the rollback
@@ -1072,7 +1099,7 @@ def parser(logic: JobLogic) -> argparse.ArgumentParser:
 def main(logic: JobLogic, argv: list[str] | None = None) -> int:
     """Run a job: ``python jobs/<job>.py --pipeline NAME [--until-epoch N]`` on a Spark
     Connect engine, or ``spark-submit jobs/<job>.py …`` as an application of its own."""
-    code = run_job(logic, argv)
+    code = run_job(logic, argv, own_process=True)
     # Exit hard: delta-rs can abort an interpreter at exit after all work is done
     # (delta-io/delta-rs#2184), which would look like a failed job.
     sys.stdout.flush()
@@ -1080,9 +1107,11 @@ def main(logic: JobLogic, argv: list[str] | None = None) -> int:
     os._exit(code)
 
 
-def run_job(logic: JobLogic, argv: list[str] | None = None) -> int:
+def run_job(logic: JobLogic, argv: list[str] | None = None, own_process: bool = False) -> int:
     """Run a job in this process (its entry point, or an Airflow task); its exit code:
-    0 done, 2 a :class:`FalkirkError` (the log of runs has its message), 1 a bug."""
+    0 done, 2 a :class:`FalkirkError` (the log of runs has its message), 1 a bug.
+    ``own_process`` (the entry point): the job may end the process itself, with
+    :data:`ENGINE_LOST_EXIT`, when its engine dies under it."""
     from falkirk.io.spark import session
     from falkirk.model.topology import load_pipeline
 
@@ -1102,7 +1131,8 @@ def run_job(logic: JobLogic, argv: list[str] | None = None) -> int:
             until = args.epoch
         # A stream job parks when a rollback fences it; a batch run of one epoch (--epoch)
         # ends on the fence instead: the rollback reruns it if it must.
-        driver = JobDriver(pipeline, logic, spark, park=args.epoch is None)
+        driver = JobDriver(pipeline, logic, spark, park=args.epoch is None,
+                           exit_on_engine_loss=own_process)
         last = driver.run(start, until, args.poll, args.idle_timeout)
         log.info("%s: done through epoch %d", "+".join(logic.regions), last)
         code, message = 0, None
