@@ -133,16 +133,24 @@ def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, t
     assert delta_spark_ids(spark, uri) == expected_ids(range(4))
 
 
-def jobs_of(spark, group: str, action) -> tuple[object, int]:
-    """What ``action()`` returned and how many Spark jobs (Connect: stages) it ran."""
+def jobs_of(spark, group: str, action, tries: int = 3) -> tuple[object, int]:
+    """What ``action()`` returned and how many Spark jobs (Connect: stages) it ran.
+
+    Connect's count is a lower bound: a stage that begins and ends between two of the
+    engine's progress reports is not counted (docs/engine.md, "Limits"; under the full
+    suite's load a one-stage read was once counted 0). The action runs ``tries`` times,
+    each in a job group of its own, and the largest count is kept."""
     from falkirk.io.spark import jobs_in_group, label_jobs
 
-    label_jobs(spark, group)
-    try:
-        out = action()
-    finally:
-        label_jobs(spark, "")
-    return out, jobs_in_group(spark, group)
+    counts = []
+    for i in range(tries):
+        label_jobs(spark, f"{group}-{i}")
+        try:
+            out = action()
+        finally:
+            label_jobs(spark, "")
+        counts.append(jobs_in_group(spark, f"{group}-{i}"))
+    return out, max(counts)
 
 
 def test_a_version_is_read_from_the_files_its_log_lists_as_delta_spark_reads_it(spark,
