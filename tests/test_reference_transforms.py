@@ -316,10 +316,8 @@ def test_components_in_one_task_reach_label_propagations_fixed_point(spark):
         one_task = communities.components(graph, empty)
         assert rows(one_task) == rows(propagated)
         # the next epoch, warm from the previous labels, with the new edges' endpoints as seeds
-        seeds = more.select((F.col("user_id") * 2).alias("node_id")).union(
-            more.select((F.col("item_id") * 2 + 1).alias("node_id")))
-        assert rows(communities.components(more, one_task)) == \
-            rows(communities.transform(more, propagated, seeds_df=seeds)[0])
+        assert rows(communities.components(more, one_task)) == rows(communities.transform(
+            more, propagated, seeds_df=communities.endpoints(more))[0])
 
 
 def test_the_job_propagates_labels_across_the_cluster_above_its_one_task_bound(spark, caplog):

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from falkirk.job import EpochContext, EpochResult, JobLogic, conform, cut_lineage, main
@@ -42,18 +42,27 @@ DEFAULT_CHECKPOINT_EVERY = 3
 ONE_TASK_MAX_EDGES = 5_000_000
 
 
-def user_node(user_id: int) -> int:
+def user_node(user_id: int | Column) -> int | Column:
+    """User ``user_id``'s node id (an int, or a Column of them)."""
     return 2 * user_id
 
 
-def item_node(item_id: int) -> int:
+def item_node(item_id: int | Column) -> int | Column:
+    """Item ``item_id``'s node id (an int, or a Column of them)."""
     return 2 * item_id + 1
 
 
 def node_pairs(edges_df: DataFrame) -> DataFrame:
     """The ``(u, i)`` node ids of user-item edges ``(user_id, item_id)``."""
-    return edges_df.select((F.col("user_id") * 2).cast("long").alias("u"),
-                           (F.col("item_id") * 2 + 1).cast("long").alias("i"))
+    return edges_df.select(user_node(F.col("user_id")).cast("long").alias("u"),
+                           item_node(F.col("item_id")).cast("long").alias("i"))
+
+
+def endpoints(edges_df: DataFrame) -> DataFrame:
+    """The ``node_id`` of each end of user-item edges: label propagation's seeds."""
+    pairs = node_pairs(edges_df)
+    return pairs.select(F.col("u").alias("node_id")).union(
+        pairs.select(F.col("i").alias("node_id")))
 
 
 def edges(interactions_df: DataFrame) -> DataFrame:
@@ -225,11 +234,8 @@ class CommunitiesJob(JobLogic):
             labels = cut_lineage(components(graph, state["labels"]))  # one task, run once
             log.info("epoch %d converged in one task (%d edge(s))", ctx.epoch, size)
         else:
-            pairs = node_pairs(new)
-            seeds = pairs.select(F.col("u").alias("node_id")).union(
-                pairs.select(F.col("i").alias("node_id")))
             labels, rounds = transform(
-                graph, state["labels"], seeds_df=seeds,
+                graph, state["labels"], seeds_df=endpoints(new),
                 on_iteration=lambda i, changed: log.info(
                     "epoch %d iteration %d: %d label(s) changed", ctx.epoch, i, changed))
             log.info("epoch %d converged after %d iteration(s) (%d edge(s))", ctx.epoch,
