@@ -12,7 +12,7 @@ import pytest
 from reference_runs import INPUT
 
 from falkirk_dev import chaos_airflow
-from falkirk_dev.chaos import campaign, outcome
+from falkirk_dev.chaos import campaign, outcome, recovery_svg
 from falkirk_dev.chaos_airflow import airflow_campaign
 
 
@@ -148,6 +148,23 @@ def test_a_stuck_kill_is_still_watched_and_its_late_recovery_counts_in_the_p95(m
     quick = {"target": "broker", "recovery_s": 10.0}
     figures = outcome([quick] * 19 + [kill], {}, {})
     assert figures["recovery_s_p95"] == 700.0, figures
+
+
+def test_the_campaigns_chart_has_a_point_per_recovered_kill_by_target_and_the_goal():
+    """The chart written beside the campaign's JSON: one point per recovered kill at the
+    minute of its kill, a series per target, the 30-s goal line; a kill never recovered
+    has no point, and the title counts it."""
+    kills = [{"target": "job", "at": 100.0, "recovery_s": 20.0},
+             {"target": "engine", "at": 160.0, "recovery_s": 55.0},
+             {"target": "job", "at": 220.0, "recovery_s": 12.0},
+             {"target": "broker", "at": 400.0, "recovery_s": None}]
+    svg = recovery_svg({"events": kills, "recovery_s_p50": 20.0, "recovery_s_p95": 55.0})
+    assert svg.count("<circle") == 3 and "<polyline" not in svg
+    assert ">job<" in svg and ">engine<" in svg and ">broker<" not in svg
+    assert "goal 30 s" in svg and "stroke-dasharray" in svg
+    assert "4 kills" in svg and "1 not recovered" in svg
+    assert ">55<" in svg  # the y axis runs to the slowest recovery
+    assert ">2<" in svg  # the x axis to the minute of the last recovered kill: (220-100)/60
 
 
 def test_strikes_begin_once_every_region_has_committed_an_epoch(monkeypatch):

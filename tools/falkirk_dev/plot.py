@@ -11,16 +11,20 @@ COLOURS = ("#2563eb", "#d97706", "#059669", "#dc2626", "#7c3aed")
 
 def lines_svg(title: str, x_label: str, y_label: str,
               series: dict[str, list[tuple[float, float]]], log_x: bool = False,
-              x_ticks: list[float] | None = None, width: int = 640, height: int = 300) -> str:
+              x_ticks: list[float] | None = None, width: int = 640, height: int = 300,
+              join: bool = True, guide: tuple[str, float] | None = None) -> str:
     """One line per series (name → points), y from 0 to the largest value; ``log_x``
     draws x on a log10 scale; ``x_ticks`` are labelled on the x axis (default: first and
-    last x)."""
+    last x). ``join=False`` draws the points alone (events, not a trend); ``guide``
+    (label, y) draws a dashed horizontal line, such as a goal."""
     w, h, m = width, height, 56
     fx = (lambda x: math.log10(x)) if log_x else (lambda x: float(x))
     xs = [fx(x) for pts in series.values() for x, _ in pts] or [0.0]
     x0, x1 = min(xs), max(xs)
     x1 = x1 if x1 > x0 else x0 + 1
     top = max((y for pts in series.values() for _, y in pts), default=0.0) or 1.0
+    if guide is not None:
+        top = max(top, guide[1])
 
     def xy(x: float, y: float) -> tuple[float, float]:
         return (m + (w - 2 * m) * (fx(x) - x0) / (x1 - x0), h - m - (h - 2 * m) * y / top)
@@ -41,12 +45,19 @@ def lines_svg(title: str, x_label: str, y_label: str,
     for t in ticks:
         x, _ = xy(t, 0)
         parts.append(f'<text x="{x:.1f}" y="{h - m + 14}" text-anchor="middle">{t:,.0f}</text>')
+    if guide is not None:
+        _, gy = xy(x0 if not log_x else 10 ** x0, guide[1])
+        parts += [f'<line x1="{m}" y1="{gy:.1f}" x2="{w - m}" y2="{gy:.1f}" stroke="#888" '
+                  f'stroke-dasharray="4 3"/>',
+                  f'<text x="{w - m}" y="{gy - 4:.1f}" text-anchor="end" fill="#555">'
+                  f'{html.escape(guide[0])}</text>']
     for i, (name, pts) in enumerate(series.items()):
         c = COLOURS[i % len(COLOURS)]
         drawn = [xy(x, y) for x, y in pts]
-        parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="'
-                     + " ".join(f"{x:.1f},{y:.1f}" for x, y in drawn) + '"/>')
-        if len(drawn) <= 30:
+        if join:
+            parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="'
+                         + " ".join(f"{x:.1f},{y:.1f}" for x, y in drawn) + '"/>')
+        if not join or len(drawn) <= 30:
             parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>' for x, y in drawn]
         parts.append(f'<text x="{m + 10}" y="{m + 14 * i}" fill="{c}">{html.escape(name)}</text>')
     parts.append("</svg>")
