@@ -519,6 +519,54 @@ def test_when_the_engine_died_every_job_on_it_is_recovered_with_the_first_dead_o
         "jobs/serve.py"}
 
 
+def test_when_a_standby_engine_took_over_the_jobs_started_before_are_recovered_together(
+        tmp_path, monkeypatch):
+    """With a standby engine the port answers again a second after the engine's kill, so
+    the engine never looks dead. The engine's record then names the standby and when it
+    began to serve: every stream job started before that ran on the dead engine and is
+    recovered with the first dead one; a job started after it runs on the new engine and
+    is left running."""
+    import subprocess
+    import time
+
+    from falkirk.airflow import supervisor
+    from falkirk.local.broker import free_port
+    from falkirk.local.engine import died, serving_since
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
+    from falkirk.runtime.procs import write_whole
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
+    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    pipeline = load_pipeline("reference")
+    before = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    standby = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    after = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        procs.record_job_process(pipeline, "jobs/serve.py", before.pid,
+                                 procs.process_started(before.pid), ["x"])
+        _job_ended(pipeline, "jobs/ingest.py", "started", None)  # then its engine died
+        (tmp_path / "engine").mkdir()
+        took_over = time.time() + 0.01
+        write_whole(tmp_path / "engine" / "engine.json",
+                    {"pid": standby.pid, "pgid": standby.pid, "serving": took_over,
+                     "took_over": True,
+                     "process_started": procs.process_started(standby.pid)})
+        time.sleep(0.05)
+        procs.record_job_process(pipeline, "jobs/communities.py", after.pid,
+                                 procs.process_started(after.pid), ["x"])
+        assert not died() and serving_since() == took_over
+        assert supervisor.dead_or_finished(pipeline) == {
+            "jobs/ingest.py": ["ingest"], "jobs/serve.py": ["serve", "stats"]}
+    finally:
+        for p in (before, standby, after):
+            p.kill()
+            p.wait()
+
+
 def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     """start_streams starts only jobs that neither run nor finished (unless a rollback names
     them); watch keeps waiting when every job finished (its standby drivers stopped), and
