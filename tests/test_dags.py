@@ -296,6 +296,62 @@ def test_a_batch_epoch_killed_again_and_again_is_retried_for_minutes(airflow_env
     assert sum(waits) >= 8 * 60, waits
 
 
+def test_a_batch_epoch_whose_engine_dies_under_it_runs_again_in_the_same_try(
+        tmp_path, monkeypatch):
+    """The hour of strikes with the engine among the targets spent all tries of one batch
+    epoch in 14 minutes, half of them on engine kills, and the campaign ended there. A try
+    whose epoch failed because the engine died under it (dead, or another process serving
+    since) now runs the epoch again once the engine answers; a failure with the engine as
+    it was fails the try at once, as before."""
+    import subprocess
+
+    from falkirk.airflow import batch
+    from falkirk.local.broker import free_port
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs, runner
+
+    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    (tmp_path / "engine").mkdir()
+    engines: list[subprocess.Popen] = []
+
+    def new_engine() -> None:  # a process recorded as the engine (nothing need answer)
+        engines.append(subprocess.Popen(["sleep", "300"], start_new_session=True))
+        pid = engines[-1].pid
+        procs.write_whole(tmp_path / "engine" / "engine.json", {
+            "pid": pid, "pgid": pid, "process_started": procs.process_started(pid)})
+
+    runs: list[list[str]] = []
+
+    def job(logic, argv):  # the epoch: the engine killed and started again under it, once
+        runs.append(argv)
+        if len(runs) == 1:
+            engines[-1].kill()
+            engines[-1].wait()
+            new_engine()
+            return 1
+        return 0
+
+    monkeypatch.setattr(runner, "run_job", job)
+    monkeypatch.setattr("falkirk.local.engine.ensure", lambda cfg=None: None)
+    start = batch.origin(load_pipeline("reference")) + timedelta(seconds=20)
+    new_engine()
+    try:
+        assert batch.run_epoch("reference", "popularity", start) == 2
+        assert len(runs) == 2 and runs[0] == runs[1] and "2" in runs[0]
+        runs.clear()
+        monkeypatch.setattr(runner, "run_job", lambda logic, argv: runs.append(argv) or 1)
+        with pytest.raises(RuntimeError, match="popularity epoch 2: the job failed with "
+                                               "exit code 1"):
+            batch.run_epoch("reference", "popularity", start)
+        assert len(runs) == 1  # the engine as it was: the try fails at once
+    finally:
+        for e in engines:
+            e.kill()
+            e.wait()
+
+
 def test_batch_runs_can_start_at_a_later_epoch_and_bad_bounds_are_refused(airflow_env,
                                                                             monkeypatch):
     """FALKIRK_BATCH_FIRST_EPOCH hands a region to Airflow mid-stream: the first run's data
