@@ -296,6 +296,62 @@ def test_a_batch_epoch_killed_again_and_again_is_retried_for_minutes(airflow_env
     assert sum(waits) >= 8 * 60, waits
 
 
+def test_a_batch_epoch_whose_engine_dies_under_it_runs_again_in_the_same_try(
+        tmp_path, monkeypatch):
+    """The hour of strikes with the engine among the targets spent all tries of one batch
+    epoch in 14 minutes, half of them on engine kills, and the campaign ended there. A try
+    whose epoch failed because the engine died under it (dead, or another process serving
+    since) now runs the epoch again once the engine answers; a failure with the engine as
+    it was fails the try at once, as before."""
+    import subprocess
+
+    from falkirk.airflow import batch
+    from falkirk.local.broker import free_port
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs, runner
+
+    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    (tmp_path / "engine").mkdir()
+    engines: list[subprocess.Popen] = []
+
+    def new_engine() -> None:  # a process recorded as the engine (nothing need answer)
+        engines.append(subprocess.Popen(["sleep", "300"], start_new_session=True))
+        pid = engines[-1].pid
+        procs.write_whole(tmp_path / "engine" / "engine.json", {
+            "pid": pid, "pgid": pid, "process_started": procs.process_started(pid)})
+
+    runs: list[list[str]] = []
+
+    def job(logic, argv):  # the epoch: the engine killed and started again under it, once
+        runs.append(argv)
+        if len(runs) == 1:
+            engines[-1].kill()
+            engines[-1].wait()
+            new_engine()
+            return 1
+        return 0
+
+    monkeypatch.setattr(runner, "run_job", job)
+    monkeypatch.setattr("falkirk.local.engine.ensure", lambda cfg=None: None)
+    start = batch.origin(load_pipeline("reference")) + timedelta(seconds=20)
+    new_engine()
+    try:
+        assert batch.run_epoch("reference", "popularity", start) == 2
+        assert len(runs) == 2 and runs[0] == runs[1] and "2" in runs[0]
+        runs.clear()
+        monkeypatch.setattr(runner, "run_job", lambda logic, argv: runs.append(argv) or 1)
+        with pytest.raises(RuntimeError, match="popularity epoch 2: the job failed with "
+                                               "exit code 1"):
+            batch.run_epoch("reference", "popularity", start)
+        assert len(runs) == 1  # the engine as it was: the try fails at once
+    finally:
+        for e in engines:
+            e.kill()
+            e.wait()
+
+
 def test_batch_runs_can_start_at_a_later_epoch_and_bad_bounds_are_refused(airflow_env,
                                                                             monkeypatch):
     """FALKIRK_BATCH_FIRST_EPOCH hands a region to Airflow mid-stream: the first run's data
@@ -517,6 +573,54 @@ def test_when_the_engine_died_every_job_on_it_is_recovered_with_the_first_dead_o
     _job_ended(pipeline, "jobs/serve.py", "failed", 2)
     assert supervisor.failed_on_their_own(pipeline, {"jobs/ingest.py", "jobs/serve.py"}) == {
         "jobs/serve.py"}
+
+
+def test_when_a_standby_engine_took_over_the_jobs_started_before_are_recovered_together(
+        tmp_path, monkeypatch):
+    """With a standby engine the port answers again a second after the engine's kill, so
+    the engine never looks dead. The engine's record then names the standby and when it
+    began to serve: every stream job started before that ran on the dead engine and is
+    recovered with the first dead one; a job started after it runs on the new engine and
+    is left running."""
+    import subprocess
+    import time
+
+    from falkirk.airflow import supervisor
+    from falkirk.local.broker import free_port
+    from falkirk.local.engine import died, serving_since
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
+    from falkirk.runtime.procs import write_whole
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
+    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    pipeline = load_pipeline("reference")
+    before = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    standby = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    after = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        procs.record_job_process(pipeline, "jobs/serve.py", before.pid,
+                                 procs.process_started(before.pid), ["x"])
+        _job_ended(pipeline, "jobs/ingest.py", "started", None)  # then its engine died
+        (tmp_path / "engine").mkdir()
+        took_over = time.time() + 0.01
+        write_whole(tmp_path / "engine" / "engine.json",
+                    {"pid": standby.pid, "pgid": standby.pid, "serving": took_over,
+                     "took_over": True,
+                     "process_started": procs.process_started(standby.pid)})
+        time.sleep(0.05)
+        procs.record_job_process(pipeline, "jobs/communities.py", after.pid,
+                                 procs.process_started(after.pid), ["x"])
+        assert not died() and serving_since() == took_over
+        assert supervisor.dead_or_finished(pipeline) == {
+            "jobs/ingest.py": ["ingest"], "jobs/serve.py": ["serve", "stats"]}
+    finally:
+        for p in (before, standby, after):
+            p.kill()
+            p.wait()
 
 
 def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):

@@ -147,7 +147,7 @@ def test_a_standby_starts_in_a_session_whose_autogroup_is_niced_too():
     """As spawn starts one: with autogroups, the threads' nice alone would not yield the
     CPU to the jobs, each in a session of its own (set_group_priority's docstring)."""
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True,
-                            preexec_fn=standby._lower_priority)
+                            preexec_fn=procs.lower_priority)
     try:
         assert os.getpriority(os.PRIO_PROCESS, proc.pid) == procs.WARM_UP_NICE
         autogroup = Path(f"/proc/{proc.pid}/autogroup")

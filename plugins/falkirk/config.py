@@ -96,6 +96,11 @@ class Config:
     # The engine's master and heap (its JVM hosts every job's session).
     engine_master: str = "local[2]"
     engine_memory: str = "3g"
+    # A second engine kept warm beside the one falkirk runs, which takes the engine's
+    # port when it dies (falkirk.local.engine, docs/engine.md): the jobs restarted after
+    # the engine's loss find one answering in about a second, its JVM warmed up, instead
+    # of a cold start (~8 s) and cold first epochs. It holds a second heap.
+    engine_standby: bool = False
     # Where the engine falkirk starts keeps its log and process record (default:
     # <var_dir>/engine): one engine per machine serves sandboxes with var folders of
     # their own.

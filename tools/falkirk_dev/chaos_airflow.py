@@ -530,7 +530,8 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         **profiled,
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
         "standby_drivers": standby, "engines": "local", "airflow": True,
-        "park_moved_jobs": load().park_moved_jobs, "strike_every_s": every_s,
+        "park_moved_jobs": load().park_moved_jobs, "engine_standby": load().engine_standby,
+        "strike_every_s": every_s,
         "targets": list(targets), "spark_remote": load().spark_remote or None,
         "sent": sent, "events": c.kills,
     }

@@ -128,17 +128,23 @@ def dead_or_finished(pipeline: Pipeline) -> dict[str, list[str]]:
 
 def with_the_engines_jobs(pipeline: Pipeline, dead: dict[str, list[str]]
                           ) -> dict[str, list[str]]:
-    """``dead`` and, when this machine's engine died, every stream job still running: each
-    is a client whose session died with the engine and is about to fail (its fence watch
-    finds the engine gone within seconds). One rollback then recovers them all, instead of
-    one per job as each one's death is seen."""
-    from falkirk.local.engine import died
+    """``dead`` and, when this machine's engine died, every stream job still running on
+    it: each is a client whose session died with the engine and is about to fail (its
+    fence watch finds the engine gone within seconds). One rollback then recovers them
+    all, instead of one per job as each one's death is seen. With a standby engine the
+    port answers again within a second: the jobs started before the standby took it
+    over ran on the dead one."""
+    from falkirk.local.engine import died, serving_since
 
+    running = procs.running(pipeline)
     if not died():
-        return dead
+        since = serving_since()
+        if since is None:
+            return dead
+        running = [info for info in running if info.get("started", since) < since]
     mine = streams.stream_jobs(pipeline)
-    return {**{info["job"]: mine[info["job"]] for info in procs.running(pipeline)
-               if info["job"] in mine}, **dead}
+    return {**{info["job"]: mine[info["job"]] for info in running if info["job"] in mine},
+            **dead}
 
 
 class RestartBackoff:

@@ -18,6 +18,13 @@ job (or a session) starts the engine (:func:`ensure`), once per machine (a file 
 in a session of its own that outlives the starter, as an operator would start any
 server. ``falkirk engine stop`` stops it. :class:`LocalEngine` runs one for a sandbox (the
 test suite, the demo, the campaigns), which stops it when done.
+
+``Config.engine_standby``: a second engine waits beside it (:func:`serve_standby`), its
+Spark application started and warmed up at a low priority, its Connect service not yet
+bound. When the engine dies the standby binds the engine's port, so clients keep their
+URL, and records itself as the engine; whoever then calls :func:`ensure` starts the next
+standby. A job tells a replaced engine from its own by the record's process
+(:func:`serving`): its session died with the old one.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from falkirk.runtime.procs import group_members, is_process, process_started, wr
 STARTUP_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+STANDBY_RECORD = "standby.json"  # the standby engine's process, while it waits
 # Every job's Spark jobs go to the default pool, which Spark schedules FIFO unless told:
 # a job's long stage would then hold every other job's small ones.
 FAIR_POOLS = """<?xml version="1.0"?>
@@ -193,6 +201,10 @@ class LocalEngine:
                                   f"{proc.returncode} while starting; last lines of "
                                   f"{self.log_path}:\n{self.log_tail()}")
             if answering(self.remote):
+                write_whole(self.record, {**json.loads(self.record.read_text()),
+                                          "serving": time.time()})
+                if self.cfg.engine_standby:
+                    keep_standby(self.cfg, self.folder, self.port)
                 return self
             time.sleep(0.2)
         self.kill()
@@ -207,10 +219,18 @@ class LocalEngine:
             return "(no log)"
 
     def stop(self) -> None:
-        """SIGTERM (Spark stops its context), then SIGKILL what is left."""
+        """SIGTERM (Spark stops its context), then SIGKILL what is left; and the standby
+        of its folder (first: it would take the port), or the standby that took its
+        place."""
+        standby = _recorded(self.folder, STANDBY_RECORD)
+        if standby is not None:
+            stop_group(standby["pgid"])
         if self._proc is not None:
             stop_group(self._proc.pid)
             self._proc = None
+        info = _recorded(self.folder)
+        if info is not None:
+            stop_group(info["pgid"])
 
     def kill(self) -> None:
         """SIGKILL the server (a crash, for fault tests): every session on it is gone."""
@@ -256,9 +276,13 @@ def ensure(cfg: Config | None = None) -> None:
     answers at ``spark_remote``; return once it answers. One starter at a time (a lock
     under ``var_dir``): the supervisor may restart several jobs at once."""
     cfg = cfg or load()
-    if not cfg.spark_remote or answering(cfg.spark_remote):
+    if not cfg.spark_remote:
         return
     host, port = address(cfg.spark_remote)
+    if answering(cfg.spark_remote):
+        if cfg.engine_standby and cfg.local_engine:  # the standby that took over left none
+            keep_standby(cfg, folder(cfg), port)
+        return
     if not cfg.local_engine or host not in ("127.0.0.1", "localhost"):
         raise EngineError(f"no Spark Connect server answers at {cfg.spark_remote} "
                           "(FALKIRK_SPARK_REMOTE): start it, or run with "
@@ -269,16 +293,123 @@ def ensure(cfg: Config | None = None) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if answering(cfg.spark_remote):  # another starter was first
             return
-        running = _recorded(where)
-        if running is not None:  # started, not answering yet: wait for it
+        # started, not answering yet (an engine, or the standby taking its port): wait
+        for record in ("engine.json", STANDBY_RECORD):
+            running = _recorded(where, record)
+            if running is None:
+                continue
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while time.monotonic() < deadline and is_process(running["pid"],
                                                               running["process_started"]):
                 if answering(cfg.spark_remote):
+                    if cfg.engine_standby:
+                        keep_standby(cfg, where, port)
                     return
                 time.sleep(0.2)
             stop_group(running["pgid"])
         LocalEngine(where, port, cfg).start()
+
+
+def serving(cfg: Config | None = None) -> tuple[int, float] | None:
+    """The process recorded serving as this machine's engine, ``(pid, its start time)``,
+    or None: a client whose engine became another process has lost its session."""
+    cfg = cfg or load()
+    info = _recorded(folder(cfg)) if cfg.local_engine and cfg.spark_remote else None
+    return None if info is None else (info["pid"], info["process_started"])
+
+
+def serving_since(cfg: Config | None = None) -> float | None:
+    """When the engine recorded now began to serve, if a standby took over the port
+    (None otherwise): a job started before that ran on the engine that died."""
+    cfg = cfg or load()
+    info = _recorded(folder(cfg)) if cfg.local_engine and cfg.spark_remote else None
+    return info.get("serving") if info is not None and info.get("took_over") else None
+
+
+def keep_standby(cfg: Config, where: Path, port: int) -> int | None:
+    """Start a standby engine for the engine on ``port`` unless one lives; its pid."""
+    from falkirk.io.spark import driver_env
+    from falkirk.runtime import procs
+
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / "standby.lock", "w") as lock:  # one spawner at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _recorded(where, STANDBY_RECORD) is not None:
+            return None
+        env = dict(os.environ)
+        driver_env(env, cfg)  # a Connect client's mark would stop it starting a JVM
+        with open(where / "standby.log", "ab") as out:
+            out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} standby for port "
+                      f"{port}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "falkirk.local.engine", "--folder", str(where),
+                 "--port", str(port)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+                preexec_fn=procs.lower_priority if procs.may_lower_priority() else None)
+        threading.Thread(target=proc.wait, name="falkirk-standby-reaper",
+                         daemon=True).start()
+        write_whole(where / STANDBY_RECORD, {"pid": proc.pid, "pgid": proc.pid,
+                                             "port": port, "started": time.time(),
+                                             "process_started": process_started(proc.pid)})
+        return proc.pid
+
+
+def _port_free(port: int) -> bool:
+    """Nothing holds ``port`` on loopback (the engine that had it is gone)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def serve_standby(where: Path, port: int, poll_s: float = 0.1) -> None:
+    """The standby's life: start the engine's Spark application without its Connect
+    service, warm it up, wait until the engine's port is free, then serve there at the
+    normal priority as the recorded engine (never returns while it serves)."""
+    from pyspark.sql import SparkSession
+
+    from falkirk.runtime import procs
+    from falkirk.runtime.standby import warm_up_delta
+
+    cfg = load()
+    me = os.getpgrp()
+    builder = SparkSession.builder.config("spark.ui.showConsoleProgress", "false")
+    for k, v in engine_conf(cfg, "127.0.0.1", port, where).items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+
+    def warm() -> None:  # beside the wait: an engine dying meanwhile is taken over at once
+        t = time.monotonic()
+        try:
+            warm_up_delta(spark, str(where / f"warm-up-{me}"))
+        except Exception as exc:  # noqa: BLE001 - a cold standby is still a started one
+            print(f"standby {me}: warm-up failed: {exc}", file=sys.stderr, flush=True)
+            return
+        print(f"standby {me}: warm in {time.monotonic() - t:.1f} s", file=sys.stderr,
+              flush=True)
+
+    if not _port_free(port):
+        threading.Thread(target=warm, name="falkirk-standby-warm-up", daemon=True).start()
+    while not _port_free(port):
+        time.sleep(poll_s)
+    procs.set_group_priority(me, 0)
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(
+        spark.sparkContext._jsc.sc())
+    write_whole(where / "engine.json", {
+        "pid": me, "pgid": me, "port": port, "remote": f"sc://127.0.0.1:{port}",
+        "process_started": process_started(me), "started": time.time(),
+        "serving": time.time(), "took_over": True})
+    (where / STANDBY_RECORD).unlink(missing_ok=True)
+    print(f"standby {me}: serving on port {port}", file=sys.stderr, flush=True)
+    threading.Event().wait()
 
 
 def died(cfg: Config | None = None) -> bool:
@@ -290,10 +421,10 @@ def died(cfg: Config | None = None) -> bool:
             and not answering(cfg.spark_remote))
 
 
-def _recorded(where: Path) -> dict | None:
-    """The engine process recorded in ``where`` while it runs, else None."""
+def _recorded(where: Path, record: str = "engine.json") -> dict | None:
+    """The engine (or standby) process recorded in ``where`` while it runs, else None."""
     try:
-        info = json.loads((where / "engine.json").read_text())
+        info = json.loads((where / record).read_text())
     except (OSError, ValueError):
         return None
     return info if is_process(info.get("pid"), info.get("process_started")) else None
@@ -303,6 +434,9 @@ def stop_local(cfg: Config | None = None) -> bool:
     """Stop the engine :func:`ensure` started under this config's ``var_dir``; whether
     one ran."""
     cfg = cfg or load()
+    standby = _recorded(folder(cfg), STANDBY_RECORD)
+    if standby is not None:  # first, or it would take the port
+        stop_group(standby["pgid"])
     info = _recorded(folder(cfg))
     if info is None:
         return False
@@ -326,7 +460,20 @@ def status(cfg: Config | None = None) -> dict:
     """Where the engine should be, whether it answers, and its recorded process."""
     cfg = cfg or load()
     info = _recorded(folder(cfg)) if cfg.spark_remote else None
+    standby = _recorded(folder(cfg), STANDBY_RECORD) if cfg.spark_remote else None
     return {"remote": cfg.spark_remote or None, "local_engine": cfg.local_engine,
             "answering": bool(cfg.spark_remote) and answering(cfg.spark_remote),
             "pid": None if info is None else info["pid"],
+            "took_over_from_a_standby": bool(info and info.get("took_over")),
+            "standby_pid": None if standby is None else standby["pid"],
             "log": str(folder(cfg) / "engine.log")}
+
+
+if __name__ == "__main__":
+    import argparse
+
+    _args = argparse.ArgumentParser(description="A standby engine (Config.engine_standby).")
+    _args.add_argument("--folder", required=True)
+    _args.add_argument("--port", type=int, required=True)
+    _parsed = _args.parse_args()
+    serve_standby(Path(_parsed.folder), _parsed.port)

@@ -56,7 +56,8 @@ class FenceWatch:
     session's Spark jobs every look until :meth:`stop`: an epoch that starts a Spark job
     after a cancel is cancelled too.
 
-    With ``engine`` (a Spark Connect URL) it also looks whether the engine answers: a job
+    With ``engine`` (a Spark Connect URL) it also looks whether the engine answers, and
+    with ``engine_process`` whether the engine is still the process it was: a job
     waiting for its input makes no call that would find its session gone with a dead
     engine, and must fail to be recovered (:attr:`engine_lost`). ``on_engine_lost`` is
     called (in the watch's thread) once the engine counts as gone: a job's own process
@@ -68,11 +69,16 @@ class FenceWatch:
     def __init__(self, epoch_log: EpochLog, pipeline: str, regions: list[str],
                  generation: int, spark: Any, interval_s: float = 1.0,
                  engine: str | None = None,
-                 on_engine_lost: Callable[[], None] | None = None):
+                 on_engine_lost: Callable[[], None] | None = None,
+                 engine_process: Callable[[], Any] | None = None):
         self.log = EpochLog(epoch_log.root, epoch_log.storage_options)
         self.pipeline, self.regions, self.generation = pipeline, regions, generation
         self.spark, self.interval_s, self.engine = spark, interval_s, engine
         self.on_engine_lost = on_engine_lost
+        # the engine's process as recorded now (falkirk.local.engine.serving): another
+        # one serving later (a standby took the port) has none of this job's session
+        self.engine_process = engine_process
+        self._serving = engine_process() if engine_process is not None else None
         self.fenced: int | None = None  # the generation that fenced us
         self.engine_lost = False
         self._unanswered = 0
@@ -94,9 +100,13 @@ class FenceWatch:
                 from falkirk.local.engine import answering
 
                 self._unanswered = 0 if answering(self.engine) else self._unanswered + 1
-                if self._unanswered >= self.ENGINE_LOOKS:
-                    log.error("the Spark engine at %s does not answer: %s's session is gone "
-                              "with it", self.engine, "+".join(self.regions))
+                now = self.engine_process() if self.engine_process is not None else None
+                replaced = None not in (now, self._serving) and now != self._serving
+                if self._unanswered >= self.ENGINE_LOOKS or replaced:
+                    log.error("the Spark engine at %s %s: %s's session is gone with it",
+                              self.engine, "is another process now (a standby took its "
+                              "place)" if replaced else "does not answer",
+                              "+".join(self.regions))
                     self.engine_lost = True
                     if self.on_engine_lost is not None:
                         self.on_engine_lost()

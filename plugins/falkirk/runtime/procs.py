@@ -270,6 +270,15 @@ def may_lower_priority() -> bool:
     return os.geteuid() == 0
 
 
+def lower_priority() -> None:
+    """In a new session, before a standby (a driver, an engine) starts its JVM: the
+    running jobs keep the CPU while it starts and warms up (the session's autogroup too:
+    see :func:`set_group_priority`). A ``preexec_fn``."""
+    os.nice(WARM_UP_NICE)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/autogroup").write_text(str(WARM_UP_NICE))
+
+
 def set_group_priority(pgid: int, nice: int) -> None:
     """Every thread of process group ``pgid`` (a job started in a session of its own), and
     its session's autogroup, to ``nice``.

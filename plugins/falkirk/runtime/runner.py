@@ -53,6 +53,7 @@ from falkirk.io.spark import (
     quiet,
     work_unit,
 )
+from falkirk.local.engine import serving
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.model.schemas import arrow_schema, ddl, find, use_pipeline
 from falkirk.model.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
@@ -1019,7 +1020,8 @@ class JobDriver:
                     self.spark, self.watch_interval_s,
                     engine=runner.cfg.spark_remote or None,
                     on_engine_lost=self.exit_engine_lost if self.exit_on_engine_loss
-                    else None).start()
+                    else None,
+                    engine_process=partial(serving, runner.cfg)).start()
             try:
                 return runner.run(until_epoch=until, poll_s=poll_s,
                                   idle_timeout_s=idle_timeout_s)

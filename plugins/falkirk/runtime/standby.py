@@ -21,7 +21,6 @@ with the job it took, and the starter spawns the next one.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -64,7 +63,7 @@ def spawn(pipeline: Pipeline, cfg: Config | None = None,
     with open(path, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=environ,
                                 start_new_session=True,
-                                preexec_fn=_lower_priority if nice else None)
+                                preexec_fn=procs.lower_priority if nice else None)
     procs.write_whole(where / f"{proc.pid}.json", {
         "pid": proc.pid, "process_started": procs.process_started(proc.pid),
         "spawned": time.time(), "niced": nice})
@@ -182,9 +181,7 @@ def stop_all(pipeline: Pipeline, cfg: Config | None = None) -> list[int]:
 
 def warm_up(spark: Any, pipeline: Pipeline, cfg: Config) -> dict[str, float]:
     """Run an epoch's kinds of work on scratch data: seconds per part."""
-    import shutil
 
-    from pyspark.sql import functions as F
 
     from falkirk.io.kafka import end_offsets, read_range
     from falkirk.model.times import Offsets
@@ -210,28 +207,29 @@ def warm_up(spark: Any, pipeline: Pipeline, cfg: Config) -> dict[str, float]:
         rows.groupBy("partition").count().collect()
     spent["kafka_s"] = time.monotonic() - t
     t = time.monotonic()
-    scratch = cfg.table("_falkirk_standby", pipeline.name, str(os.getpgrp()))
+    warm_up_delta(spark, cfg.table("_falkirk_standby", pipeline.name, str(os.getpgrp())))
+    spent["delta_s"] = time.monotonic() - t
+    return spent
+
+
+def warm_up_delta(spark: Any, scratch: str) -> None:
+    """Delta writes (an idempotent append among them), reads, aggregates and a join on a
+    scratch table at ``scratch``, removed after (a local one)."""
+    import shutil
+
+    from pyspark.sql import functions as F
+
     for round_ in range(2):
         df = spark.range(2000).select((F.col("id") % 50).alias("key"), F.col("id").alias(
             "value"), F.col("id").cast("string").alias("text"))
-        df.write.format("delta").mode("overwrite" if round_ == 0 else "append").save(scratch)
+        (df.write.format("delta").mode("overwrite" if round_ == 0 else "append")
+         .option("txnAppId", "falkirk:warm-up").option("txnVersion", round_).save(scratch))
         table = spark.read.format("delta").load(scratch)
         counts = table.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("s"))
         counts.join(table, "key").groupBy("key").agg(F.max("n")).collect()
         table.toPandas()
     if "://" not in scratch:
         shutil.rmtree(scratch, ignore_errors=True)
-    spent["delta_s"] = time.monotonic() - t
-    return spent
-
-
-def _lower_priority() -> None:
-    """In the standby's new session, before spark-submit: the running jobs keep the CPU
-    while it starts and warms up (the session's autogroup too: see
-    :func:`falkirk.runtime.procs.set_group_priority`)."""
-    os.nice(procs.WARM_UP_NICE)
-    with contextlib.suppress(OSError):
-        Path("/proc/self/autogroup").write_text(str(procs.WARM_UP_NICE))
 
 
 def serve(argv: list[str] | None = None) -> None:
