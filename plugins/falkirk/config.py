@@ -98,8 +98,9 @@ class Config:
     engine_memory: str = "3g"
     # A second engine kept warm beside the one falkirk runs, which takes the engine's
     # port when it dies (falkirk.local.engine, docs/engine.md): the jobs restarted after
-    # the engine's loss find one answering in about a second, its JVM warmed up, instead
-    # of a cold start (~8 s) and cold first epochs. It holds a second heap.
+    # the engine's loss find one answering at once, its application started (warmed up
+    # if it had the time), not a cold start of ~8 s. It holds a second heap; measured,
+    # it did not shorten the engine-only campaign's recoveries (README).
     engine_standby: bool = False
     # Where the engine falkirk starts keeps its log and process record (default:
     # <var_dir>/engine): one engine per machine serves sandboxes with var folders of
