@@ -313,17 +313,20 @@ def ensure(cfg: Config | None = None) -> None:
 def serving(cfg: Config | None = None) -> tuple[int, float] | None:
     """The process recorded serving as this machine's engine, ``(pid, its start time)``,
     or None: a client whose engine became another process has lost its session."""
-    cfg = cfg or load()
-    info = _recorded(folder(cfg)) if cfg.local_engine and cfg.spark_remote else None
+    info = _serving_record(cfg or load())
     return None if info is None else (info["pid"], info["process_started"])
 
 
 def serving_since(cfg: Config | None = None) -> float | None:
     """When the engine recorded now began to serve, if a standby took over the port
     (None otherwise): a job started before that ran on the engine that died."""
-    cfg = cfg or load()
-    info = _recorded(folder(cfg)) if cfg.local_engine and cfg.spark_remote else None
+    info = _serving_record(cfg or load())
     return info.get("serving") if info is not None and info.get("took_over") else None
+
+
+def _serving_record(cfg: Config) -> dict | None:
+    """The live engine recorded for a profile whose engine falkirk runs, else None."""
+    return _recorded(folder(cfg)) if cfg.local_engine and cfg.spark_remote else None
 
 
 def keep_standby(cfg: Config, where: Path, port: int) -> int | None:
