@@ -112,8 +112,9 @@ def test_rest_api_dry_run_and_plan_page(live_airflow):
     assert _call(page)[0] == 401
     status, html = _call(page, token)
     assert status == 200
+    # communities committed epochs 3 and 4 after its checkpoint at 2: it replays them
     assert "<td>communities</td><td>lazy</td><td>epoch 4 (converged)</td>" \
-           "<td>epoch 2 (converged)</td>" in html
+           "<td>epoch 4 (converged)</td><td>restarts from epoch 2 (converged)" in html
     assert "<svg" in html and "REST test" in html
 
 
@@ -307,14 +308,16 @@ def test_browser_dry_run_and_plan_tab(live_airflow):
             expect(table.get_by_role("row")).to_have_count(6)  # header + 5 regions
             expect(table.get_by_role("row").filter(has_text="communities").get_by_role("cell")
                    ).to_have_text(["communities", "lazy", "epoch 4 (converged)",
-                                   "epoch 2 (converged)", "restores and reruns"])
+                                   "epoch 4 (converged)",
+                                   "restarts from epoch 2 (converged), replays to its "
+                                   "frontier for its state, reruns"])
             for region in ("ingest", "popularity", "serve", "stats"):
                 expect(table.get_by_role("row").filter(has_text=region).get_by_role("cell")
                        .nth(3)).to_have_text("⊤ keeps its live state")
             graph = plan.locator("svg")
             expect(graph).to_be_visible()
             expect(graph).to_contain_text("pipeline reference: regions by regime")
-            expect(graph).to_contain_text("epoch 4 (converged) → epoch 2 (converged)")
+            expect(graph).to_contain_text("epoch 4 (converged) → epoch 4 (converged)")
             for region in ("ingest", "popularity", "communities", "serve", "stats"):
                 expect(graph.locator("text", has_text=re.compile(f"^{region}$"))
                        ).to_have_count(1)

@@ -212,7 +212,7 @@ def test_dry_run_shows_the_plan_and_changes_nothing(rollback_dag, sandbox):
     from falkirk.airflow.ui import page, run_plans
 
     before = snapshot(sandbox)
-    run = rollback_dag.test(run_conf=_conf(), logical_date=None)
+    run = rollback_dag.test(run_conf=_conf(to_epoch=2), logical_date=None)
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert run.state == "success"
     assert states["plan"] == states["carry_on"] == "success"
@@ -870,9 +870,10 @@ def test_a_job_failing_on_its_own_after_each_restart_is_recovered_ever_later():
 
 def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):
     """No job runs in the sandbox, so nothing is stopped and no batch epoch reruns
-    (communities alone goes back): plan, roll back, resume and validate for real. The job
-    hosting communities is started again (it must redo epochs 3 and 4 even though it is
-    not running); the test stops it afterwards."""
+    (communities alone goes back, to epoch 2 on purpose: failed alone it would replay to
+    epoch 4 and nothing would move): plan, roll back, resume and validate for real. The
+    job hosting communities is started again (it must redo epochs 3 and 4 even though it
+    is not running); the test stops it afterwards."""
     from reference_world import snapshot
 
     from falkirk.log.epochlog import EpochLog
@@ -881,7 +882,8 @@ def test_real_rollback_runs_every_step_on_the_sandbox(rollback_dag, sandbox):
 
     before = snapshot(sandbox)
     try:
-        run = rollback_dag.test(run_conf=_conf(dry_run=False, reason="test: communities died"),
+        run = rollback_dag.test(run_conf=_conf(dry_run=False, to_epoch=2,
+                                               reason="test: communities died"),
                                 logical_date=None)
     finally:
         procs.stop_regions(load_pipeline("reference"), {"communities"})

@@ -73,6 +73,35 @@ def test_live_problem_from_the_log_gives_the_plan(tmp_path):
         "purchases": 1, "interactions": (0, float("inf"))}
 
 
+def test_a_failed_lazy_region_goes_back_to_its_last_committed_epoch_by_replay(tmp_path):
+    """Communities committed epochs 3 and 4 after its checkpoint at 2, then died in epoch
+    5. Its input (interactions) is a table another job writes, so it can redo 3 and 4 from
+    its checkpoint for the state only: its frontier is epoch 4 (the paper's replay of a
+    deterministic processor's logged history), and stats, fed through an unlogged edge,
+    stays where it is. Without replay (what garbage collection solves) it goes back to
+    its checkpoint and takes stats back with it."""
+    log = EpochLog(str(tmp_path / "log"))
+    fill(log)
+    log.record(*(EpochRecord("small", "communities", [k, "inf"], 0, "committed")
+                 for k in (3, 4)),
+               EpochRecord("small", "communities", [5, 0], 0, "running"))
+    plan = solve(log.problem(PIPE, failed={"communities"})).to_json()
+    assert plan["frontiers"]["communities"] == [4, "inf"]
+    assert plan["frontiers"]["stats"] == "top"
+    assert {"region": "communities", "after": [4, "inf"], "through": [5, 0]} in plan["rerun"]
+    kept = solve(log.problem(PIPE, failed={"communities"}, replay=False)).to_json()
+    assert kept["frontiers"]["communities"] == [2, "inf"] and kept["frontiers"]["stats"] == 2
+    # an input of its own job (the feedback table) cannot be read again on its own
+    looped = Pipeline.from_dict(SMALL)
+    assert not looped.replays_inputs("communities") and PIPE.replays_inputs("communities")
+    assert solve(log.problem(looped, failed={"communities"})).to_json()[
+        "frontiers"]["communities"] == [2, "inf"]
+    # epoch 3 not committed (its redo died): no replay reaches epoch 4 past it
+    log.record(EpochRecord("small", "communities", [3, "inf"], 0, "running"))
+    assert solve(log.problem(PIPE, failed={"communities"})).to_json()[
+        "frontiers"]["communities"] == [2, "inf"]
+
+
 def test_invalidated_epochs_drop_out_and_a_new_generation_counts(tmp_path):
     log = EpochLog(str(tmp_path / "log"))
     fill(log)

@@ -10,6 +10,7 @@ import pytest
 from deltalake import DeltaTable
 from tiny_pipeline import PIPE
 
+from falkirk.airflow.render import plan_markdown
 from falkirk.io.lake import read_table
 from falkirk.recovery.lease import Lease, current
 from falkirk.recovery.rollback import RollbackError, RollbackRequest
@@ -23,7 +24,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(world):
     cfg, log, executor, stopped = world
     rows_before = len(log.records("tiny"))
     versions = {t: DeltaTable(cfg.table(t)).version() for t in ("t_in", "t_mid", "t_out")}
-    plan = executor.run(RollbackRequest("tiny", failed=["agg"], dry_run=True))
+    plan = executor.run(RollbackRequest("tiny", region="agg", to_epoch=3, dry_run=True))
     assert plan.frontiers == {"ingest": "top", "agg": 3, "report": 3}
     assert [(t.table, t.to_version) for t in plan.tables] == [("t_mid", 4), ("t_out", 4)]
     assert len(log.records("tiny")) == rows_before
@@ -33,8 +34,8 @@ def test_dry_run_prints_the_plan_and_changes_nothing(world):
 
 def test_rollback_restores_tables_invalidates_and_bumps_the_generation(world):
     cfg, log, executor, stopped = world
-    plan = executor.run(RollbackRequest("tiny", failed=["agg"], reason="agg died",
-                                        dry_run=False))
+    plan = executor.run(RollbackRequest("tiny", region="agg", to_epoch=3,
+                                        reason="agg's epoch 4 was wrong", dry_run=False))
     assert stopped == [{"agg", "report"}]
     assert epochs_in(cfg, "t_mid") == [0, 1, 2, 3] and epochs_in(cfg, "t_out") == [0, 1, 2, 3]
     assert epochs_in(cfg, "t_in") == [0, 1, 2, 3, 4, 5]  # ingest kept its live state
@@ -50,11 +51,31 @@ def test_going_back_on_purpose_to_an_epoch(world):
     cfg, log, executor, _ = world
     plan = executor.run(RollbackRequest("tiny", region="ingest", to_epoch=2,
                                         reason="bad deploy after epoch 2", dry_run=False))
-    # agg read epochs 3, 4 of t_in that ingest will send again: it goes back to its
-    # checkpoint at 1; report (unlogged from agg) with it.
-    assert plan.frontiers == {"ingest": 2, "agg": 1, "report": 1}
+    # agg read epochs 3, 4 of t_in that ingest will send again: it goes back to epoch 2,
+    # its checkpoint at 1 and epoch 2 replayed (t_in's epoch 2 stays); report (unlogged
+    # from agg) with it.
+    assert plan.frontiers == {"ingest": 2, "agg": 2, "report": 2}
     assert epochs_in(cfg, "t_in") == [0, 1, 2]
-    assert epochs_in(cfg, "t_mid") == [0, 1]
+    assert epochs_in(cfg, "t_mid") == [0, 1, 2]
+
+
+def test_a_dead_job_with_a_lazy_region_replays_and_moves_nothing_else(world):
+    """agg's job (agg and report) died after both committed epoch 4. agg's input t_in is
+    another job's table, so agg can reach epoch 4 again from its checkpoint at 3 by
+    replaying t_in's epoch 4 for its state only: its frontier is 4, no table is restored
+    to an earlier version, no epoch is invalidated, and ingest keeps running."""
+    cfg, log, executor, stopped = world
+    plan = executor.run(RollbackRequest("tiny", failed=["agg", "report"], reason="died",
+                                        dry_run=False))
+    assert plan.frontiers == {"ingest": "top", "agg": 4, "report": 4}
+    assert plan.restarts_from == {"agg": 3}
+    assert plan.invalidate == [] and stopped == [{"agg", "report"}]
+    assert "| agg | lazy | epoch 4 | epoch 4 | restarts from epoch 3, replays to its " \
+           "frontier for its state, reruns |" in plan_markdown(plan.to_json(), PIPE)
+    assert epochs_in(cfg, "t_mid") == [0, 1, 2, 3, 4] == epochs_in(cfg, "t_out")
+    regions = log.regions(PIPE)
+    assert regions["agg"].restorable("lazy")[-1].time == 3  # a restart restores epoch 3
+    assert log.generation("tiny") == plan.generation == 1
 
 
 @pytest.mark.parametrize("request_args, words", [
@@ -113,7 +134,7 @@ def test_an_expired_lease_of_another_host_is_taken_over(world):
 def test_a_crashed_rollback_is_resumed_to_the_same_end_state(world, tmp_path):
     cfg, log, executor, _ = world
     # A rollback that recorded its plan, restored one table, then died (its lock is stale).
-    plan = executor.plan(RollbackRequest("tiny", failed=["agg"], reason="agg died",
+    plan = executor.plan(RollbackRequest("tiny", region="agg", to_epoch=3, reason="agg died",
                                          dry_run=False))
     log.record_rollback("tiny", plan.rollback_id, plan.generation, "started",
                         {**plan.request.__dict__}, plan.to_json())
@@ -142,9 +163,9 @@ def test_a_crashed_rollback_is_resumed_to_the_same_end_state(world, tmp_path):
 
 def test_an_epoch_committed_before_the_stop_is_in_the_plan_carried_out(world, spark):
     """Forced interleaving: agg and report commit epoch 5 after a first plan was made and
-    before their jobs stop (the stop hook commits it, as the job would). The plan carried
-    out is made after the stop, so epoch 5 is invalidated, never left `committed` over
-    rows the restore removed."""
+    before their jobs stop (the stop hook commits it, as the job would), in a rollback of
+    agg to epoch 3. The plan carried out is made after the stop, so epoch 5 is
+    invalidated, never left `committed` over rows the restore removed."""
     from tiny_pipeline import SCHEMA
 
     from falkirk.io.delta import EpochWriter
@@ -167,8 +188,8 @@ def test_an_epoch_committed_before_the_stop_is_in_the_plan_carried_out(world, sp
         stops.append(set(regions))
 
     executor.stop_regions = commit_epoch_5_then_stop
-    plan = executor.run(RollbackRequest("tiny", failed=["agg"], reason="agg died",
-                                        dry_run=False))
+    plan = executor.run(RollbackRequest("tiny", region="agg", to_epoch=3,
+                                        reason="agg's epoch 4 was wrong", dry_run=False))
     assert stops[0] == {"agg", "report"}
     assert {(i["region"], i["time"]) for i in plan.invalidate} >= {("agg", 5), ("report", 5)}
     regions = log.regions(PIPE)
@@ -180,7 +201,7 @@ def test_a_plan_that_moved_since_it_was_confirmed_is_refused(world):
     cfg, log, executor, _ = world
     versions = {t: DeltaTable(cfg.table(t)).version() for t in ("t_in", "t_mid", "t_out")}
     with pytest.raises(RollbackError, match=r"the plan changed since it was confirmed.*"
-                                            r'"agg": \{"confirmed": 1, "now": 3\}'):
+                                            r'"agg": \{"confirmed": 1, "now": 4\}'):
         executor.run(RollbackRequest("tiny", failed=["agg"], reason="x", dry_run=False),
                      confirmed={"ingest": "top", "agg": 1, "report": 1})
     assert {t: DeltaTable(cfg.table(t)).version() for t in versions} == versions
@@ -210,7 +231,7 @@ def test_fenced_regions_may_not_record_and_restarted_jobs_are_not_fenced(world):
             from tiny_pipeline import PIPE
             cfg = replace(load(), lake={cfg.lake!r})
             RollbackExecutor(PIPE, cfg, EpochLog.from_config(cfg), stop_regions=print).run(
-                RollbackRequest("tiny", failed=["agg"], reason="x", dry_run=False))
+                RollbackRequest("tiny", region="agg", to_epoch=3, reason="x", dry_run=False))
         """)
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=120)

@@ -48,8 +48,12 @@ def plan_rows(plan: dict, pipeline: Pipeline) -> list[dict[str, str]]:
     rows = []
     for name, spec in pipeline.regions.items():
         frontier = plan["frontiers"].get(name, "top")
+        restart = plan.get("restarts_from", {}).get(name)
         if frontier == "top":
             action = "keeps running"
+        elif restart is not None:  # its outputs up to the frontier stay
+            action = (f"restarts from {describe(pipeline, name, restart)}, replays to its "
+                      "frontier for its state" + (", reruns" if name in reruns else ""))
         elif name in reruns:
             action = "restores and reruns"
         else:

@@ -108,16 +108,26 @@ class RegionLog:
     domain: Domain
     entries: dict[Any, EpochRecord] = field(default_factory=dict)  # key -> latest valid row
 
-    def restorable(self, regime: str) -> list[EpochRecord]:
+    def restorable(self, regime: str, replay: bool = False) -> list[EpochRecord]:
         """Rows the region can restore to: never at or past a quarantined epoch (a frontier
-        vouches for every epoch up to it)."""
-        keep = REGIMES[regime].restorable  # its frontiers' statuses
-        rows = []
+        vouches for every epoch up to it). With ``replay``, also the rows its regime
+        reaches by replay (a lazy region's committed epochs; only the solver's problem
+        asks: a restart and garbage collection need the checkpoints)."""
+        rules = REGIMES[regime]
+        rows: list[EpochRecord] = []
+        chain: int | None = -1  # the last epoch a replay can reach (⊥: the initial state)
         for _, r in sorted(self.entries.items(), key=lambda kv: kv[0]):
             if r.status == "quarantined":
                 break
-            if r.status in keep:
+            whole = not isinstance(r.time, list) or r.time[1] == "inf"  # a finished epoch
+            if r.status in rules.restorable:
                 rows.append(r)
+                chain = r.epoch if whole else None
+            elif replay and whole and r.status in rules.replays and chain == r.epoch - 1:
+                rows.append(r)  # every epoch since the restorable row before is committed
+                chain = r.epoch
+            elif whole:
+                chain = None  # an epoch not committed: no replay reaches past it
         return rows
 
     def readable(self, key: Any, epoch: int, side_input: bool = False,
@@ -401,13 +411,16 @@ class EpochLog:
     # ---- the solver's problem -------------------------------------------------------
 
     def problem(self, pipeline: Pipeline, failed: Iterable[str] = (),
-                at_most: dict[str, Any] | None = None) -> Problem:
+                at_most: dict[str, Any] | None = None, replay: bool = True) -> Problem:
         """The consistent-frontier problem of the live pipeline.
 
-        F(p) comes from the rows that make a frontier under p's regime; ⊤ is offered for
-        a region that has not failed. Where a row does not say, π_e follows the domain's
-        default projection and D_e is π_e on an unlogged edge and what garbage collection
-        dropped (capped by π_e) on a logged one.
+        F(p) comes from the rows that make a frontier under p's regime, and with
+        ``replay`` the rows it reaches by replay where every input of p can be read again
+        (garbage collection asks without: a replay needs the checkpoint before its
+        frontier and the inputs since); ⊤ is offered for a region that has not failed.
+        Where a row does not say, π_e follows the domain's default projection and D_e is
+        π_e on an unlogged edge and what garbage collection dropped (capped by π_e) on a
+        logged one.
         """
         failed = set(failed)
         unknown = failed - set(pipeline.regions)
@@ -456,7 +469,8 @@ class EpochLog:
                              discarded=discarded, notification=note,
                              state=None if r is None else r.state_ref)
 
-            frontiers = [entry(r, False) for r in log.restorable(spec.regime)]
+            frontiers = [entry(r, False) for r in log.restorable(
+                spec.regime, replay=replay and pipeline.replays_inputs(name))]
             live = None
             if name not in failed:
                 live = entry(None, True)

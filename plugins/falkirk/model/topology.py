@@ -130,6 +130,15 @@ class Pipeline:
     def out_edges(self, region: str) -> list[EdgeSpec]:
         return [e for e in self.edges.values() if e.src == region]
 
+    def replays_inputs(self, region: str) -> bool:
+        """Whether every input of ``region`` can be read again on its own: logged (a
+        table or a topic) and written by another job (a region of its own job would have
+        to run those epochs again with it). A lazy region's replay frontiers need this."""
+        job = self.regions[region].job
+        return all(e.logged and (e.src is None or (
+            job is not None and self.regions[e.src].job != job))
+            for e in self.in_edges(region))
+
     def dead_letter_edge(self, region: str) -> EdgeSpec | None:
         """The region's dead-letter table: its Delta output of schema ``dead_letters`` (rows
         it could not use, and rows its other outputs refused), or None."""

@@ -57,7 +57,7 @@ def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog |
     ``spark`` or a session started only when there is something to delete."""
     cfg = cfg or load()
     log = epoch_log or EpochLog.from_config(cfg)
-    problem = log.problem(pipeline)
+    problem = log.problem(pipeline, replay=False)  # keep what a replay starts from
     wm = low_watermark(problem)
     logs = log.regions(pipeline)
     report = GcReport(pipeline.name, apply, {r: f.to_json() for r, f in wm.items()})

@@ -93,6 +93,10 @@ class RollbackPlan:
     invalidate: list[dict]  # {region, time, generation}
     replay: list[dict]
     rerun: list[dict]
+    #: region -> the restorable time it restarts from when its frontier is reached by
+    #: replay (a lazy region's committed epoch: its checkpoint before, then the epochs
+    #: since redone for the state only)
+    restarts_from: dict[str, Any] = field(default_factory=dict)
 
     @property
     def affected(self) -> set[str]:
@@ -109,7 +113,7 @@ class RollbackPlan:
             data["rollback_id"], data["pipeline"], data["generation"],
             RollbackRequest(**data["request"]), data["frontiers"], data["current"],
             [TableRestore(**t) for t in data["tables"]], data["invalidate"],
-            data["replay"], data["rerun"],
+            data["replay"], data["rerun"], data.get("restarts_from", {}),
         )
 
 
@@ -144,6 +148,7 @@ def build_plan(pipeline: Pipeline, log: EpochLog, request: RollbackRequest,
     logs = log.regions(pipeline)
     tables: dict[str, TableRestore] = {}
     invalidate: list[dict] = []
+    restarts_from: dict[str, Any] = {}
     for name, frontier in plan.frontiers.items():
         if frontier.is_top:
             continue
@@ -151,6 +156,10 @@ def build_plan(pipeline: Pipeline, log: EpochLog, request: RollbackRequest,
         dom = DOMAINS[spec.domain]
         rlog = logs[name]
         row = None if frontier.is_bottom else rlog.entries.get(frontier.key)
+        if row is not None and row.status in spec.regime_rules.replays:
+            before = [r for r in rlog.restorable(spec.regime)
+                      if dom.leq(dom.parse(r.time), frontier.key)]
+            restarts_from[name] = before[-1].time if before else -1
         for edge in pipeline.out_edges(name):
             if edge.kind != "delta":
                 continue
@@ -176,6 +185,7 @@ def build_plan(pipeline: Pipeline, log: EpochLog, request: RollbackRequest,
         tables=sorted(tables.values(), key=lambda t: t.table),
         invalidate=invalidate,
         replay=[r.to_json() for r in plan.replay], rerun=[r.to_json() for r in plan.rerun],
+        restarts_from=restarts_from,
     )
 
 

@@ -21,6 +21,10 @@ class Regime:
     keeps_state: bool
     #: the epoch log statuses of the epochs it can restore to (its frontiers F(p))
     restorable: tuple[str, ...]
+    #: the statuses of epochs it can also be rolled back to by replay: its newest
+    #: restorable epoch before them restored, then the epochs after it redone from their
+    #: logged inputs for the state only, their outputs kept (docs/model.md, "Replay")
+    replays: tuple[str, ...] = ()
     #: one run per epoch scheduled by Airflow (a batch DAG), not a supervised stream job
     runs_per_epoch: bool = False
     #: the declaration keys only this regime takes

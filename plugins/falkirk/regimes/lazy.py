@@ -2,8 +2,10 @@
 
 Saves: its outputs every epoch, its state (only the keys that changed) every
 ``checkpoint_every`` epochs. Acknowledges: its input up to the last checkpoint. Restores:
-only to a checkpoint, then redoes the epochs after it (their outputs are live already, so
-they are redone for the state only).
+a checkpoint, then redoes the epochs after it (their outputs are live already, so they
+are redone for the state only). So when every input can be read again
+(:meth:`Pipeline.replays_inputs`) its frontiers are also its committed epochs: the
+paper's replay of a deterministic processor's logged history (docs/model.md, "Replay").
 """
 
 from __future__ import annotations
@@ -28,5 +30,5 @@ class Lazy(Regime):
             raise fail(f"checkpoint_every must be an integer ≥ 1, got {every!r}")
 
 
-LAZY = Lazy("lazy", keeps_state=True, restorable=("checkpointed",),
+LAZY = Lazy("lazy", keeps_state=True, restorable=("checkpointed",), replays=("committed",),
             own_keys=("checkpoint_every", "checkpoint_seconds"))
