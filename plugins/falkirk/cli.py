@@ -116,7 +116,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     pipeline = _pipeline(args.pipeline)
     log = EpochLog.from_config()
     logs = log.regions(pipeline)
-    problem = log.problem(pipeline, replay=False)  # the watermarks gc keeps by
+    problem = log.problem(pipeline, replay=False)  # the watermarks gc collects by
     wm = low_watermark(problem)
     jobs = {r: j["job"] for j in running(pipeline) for r in j["regions"]}
     status = {"pipeline": pipeline.name, "generation": log.generation(pipeline.name),
