@@ -575,6 +575,99 @@ def test_when_the_engine_died_every_job_on_it_is_recovered_with_the_first_dead_o
         "jobs/serve.py"}
 
 
+def test_the_engines_death_is_seen_before_any_of_its_jobs_exits(tmp_path, monkeypatch):
+    """The watch looked for dead jobs only, so an engine's kill was seen once a job's fence
+    watch had looked three times and the job had exited. Now the engine's death is the
+    death of every stream job running on it, at the watch's next look; not while a
+    rollback run has paused the jobs (it restarts them), and not when nothing runs."""
+    import subprocess
+
+    from falkirk.airflow import streams, supervisor
+    from falkirk.local.broker import free_port
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
+    from falkirk.runtime.procs import write_whole
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
+    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")  # no one
+    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    pipeline = load_pipeline("reference")
+    assert supervisor.with_the_engines_jobs(pipeline, {}) == {}  # no engine, no job either
+    jobs = streams.stream_jobs(pipeline)
+    live = {job: subprocess.Popen(["sleep", "300"], start_new_session=True) for job in jobs}
+    engine = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        for job, p in live.items():
+            procs.record_job_process(pipeline, job, p.pid, procs.process_started(p.pid), ["x"])
+        (tmp_path / "engine").mkdir()
+        write_whole(tmp_path / "engine" / "engine.json",
+                    {"pid": engine.pid, "pgid": engine.pid,
+                     "process_started": procs.process_started(engine.pid)})
+        assert supervisor.dead_or_finished(pipeline) == {}
+        engine.kill()
+        engine.wait()
+        assert supervisor.dead_or_finished(pipeline) == jobs  # every job still alive
+        streams.pause_marker(pipeline).parent.mkdir(parents=True, exist_ok=True)
+        streams.pause_marker(pipeline).write_text("a rollback run")
+        assert supervisor.dead_or_finished(pipeline) == {}
+    finally:
+        for p in (*live.values(), engine):
+            p.kill()
+            p.wait()
+
+
+def test_after_the_engines_death_it_starts_again_beside_the_rollback(tmp_path, monkeypatch):
+    """Forced interleaving: the rollback's stop of the jobs waits for the engine's start
+    to begin, which only happens in time when the start runs beside the rollback (it used
+    to begin when the first job was started, after it). A start that fails fails the
+    recovery before any job is started, naming why."""
+    import threading
+
+    from falkirk.airflow import supervisor
+    from falkirk.local import engine
+    from falkirk.local.broker import free_port
+    from falkirk.model.topology import load_pipeline
+    from falkirk.runtime import procs
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
+    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")  # no one
+    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    pipeline = load_pipeline("reference")
+    launched = _record_launches(monkeypatch)
+    starting = threading.Event()
+    seen_in_the_rollback: list[bool] = []
+
+    def start_engine(cfg=None) -> None:
+        starting.set()
+
+    def stop_regions(pipe, regions, cfg=None, park_s=0.0) -> list[str]:
+        seen_in_the_rollback.append(starting.wait(timeout=20))
+        return []
+
+    monkeypatch.setattr(engine, "ensure", start_engine)
+    monkeypatch.setattr(procs, "stop_regions", stop_regions)
+    said: list[str] = []
+    out = supervisor.roll_back_and_restart(
+        pipeline, {"jobs/serve.py": ["serve", "stats"]}, "a test", said.append)
+    assert seen_in_the_rollback == [True]
+    assert "the Spark engine started again beside the rollback" in said
+    assert launched == ["jobs/serve.py"] and out["restarted"] == {"jobs/serve.py": 1}
+
+    def fails(cfg=None) -> None:
+        raise engine.EngineError("the engine on port 1 exited with code 1 while starting")
+
+    monkeypatch.setattr(engine, "ensure", fails)
+    launched.clear()
+    with pytest.raises(engine.EngineError, match="exited with code 1 while starting"):
+        supervisor.roll_back_and_restart(pipeline, {"jobs/serve.py": ["serve", "stats"]},
+                                         "a test", said.append)
+    assert launched == []
+
+
 def test_when_a_standby_engine_took_over_the_jobs_started_before_are_recovered_together(
         tmp_path, monkeypatch):
     """With a standby engine the port answers again a second after the engine's kill, so

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
@@ -73,8 +74,12 @@ def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
     say = say or log.info
     stopped: list[str] = []
     cfg = load()
+    engine_died = died(cfg)
     # nothing parks on a dead engine: its jobs are stopped at once
-    park_s = PARK_WAIT_S if cfg.park_moved_jobs and not died(cfg) else 0.0
+    park_s = PARK_WAIT_S if cfg.park_moved_jobs and not engine_died else 0.0
+    # The rollback needs no Spark (delta-rs and the epoch log): the engine starts again
+    # beside it, not after it when the first job is started.
+    starting = _start_engine_beside(cfg) if engine_died else None
 
     def stop(regions: set[str]) -> None:
         stopped.extend(procs.stop_regions(pipe, regions, park_s=park_s))
@@ -83,6 +88,9 @@ def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
     request = RollbackRequest(pipe.name, failed=failed, dry_run=False,
                               reason=f"supervisor ({by}): job(s) {', '.join(sorted(dead))} died")
     done = RollbackExecutor(pipe, stop_regions=stop).run(request, progress=say)
+    if starting is not None:
+        starting.result()  # its error, if it failed to start, here and not in each job
+        say("the Spark engine started again beside the rollback")
     restart = set(dead) | set(stopped) | set(streams.hosting(pipe, done.affected))
     restarted = streams.start_streams(pipe, only=sorted(restart))
     say(f"restarted {restarted}")
@@ -90,6 +98,18 @@ def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
     say(f"reran batch epochs {reran or 'none'}")
     return {"rollback_id": done.rollback_id, "restarted": restarted, "reran": reran,
             "plan": done}
+
+
+def _start_engine_beside(cfg: Any) -> Future[None]:
+    """Start this machine's engine in a thread (:func:`falkirk.local.engine.ensure`: one
+    starter at a time, so the jobs started next wait for it rather than start another)."""
+    from falkirk.local.engine import ensure
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="falkirk-engine-start")
+    try:
+        return pool.submit(ensure, cfg)
+    finally:
+        pool.shutdown(wait=False)
 
 
 class PipelineSensor(BaseSensorOperator):
@@ -113,9 +133,7 @@ def dead_or_finished(pipeline: Pipeline) -> dict[str, list[str]]:
     """One look at the stream jobs: the dead ones (job -> regions), or {} while they run.
     Pauses by a rollback run are not deaths. When every stream job has finished because its
     input ended, the pipeline's standby drivers are stopped: nothing is left for them."""
-    dead = streams.dead_jobs(pipeline)
-    if dead:
-        dead = with_the_engines_jobs(pipeline, dead)
+    dead = with_the_engines_jobs(pipeline, streams.dead_jobs(pipeline))
     if not dead and not procs.running(pipeline) and not streams.pause_marker(pipeline).exists():
         from falkirk.runtime import standby
 
@@ -131,12 +149,15 @@ def with_the_engines_jobs(pipeline: Pipeline, dead: dict[str, list[str]]
     """``dead`` and, when this machine's engine died, every stream job still running on
     it: each is a client whose session died with the engine and is about to fail (its
     fence watch finds the engine gone within seconds). One rollback then recovers them
-    all, instead of one per job as each one's death is seen. With a standby engine the
-    port answers again within a second: the jobs started before the standby took it
-    over ran on the dead one."""
+    all, instead of one per job as each one's death is seen. The engine's death is a
+    death of its jobs even before any of them exits: the watch does not wait for their
+    fence watches' three looks. With a standby engine the port answers again within a
+    second: the jobs started before the standby took it over ran on the dead one."""
     from falkirk.local.engine import died, serving_since
 
     running = procs.running(pipeline)
+    if not dead and (not running or streams.pause_marker(pipeline).exists()):
+        return dead  # nothing runs, or a rollback run paused the jobs: it restarts them
     if not died():
         since = serving_since()
         if since is None:

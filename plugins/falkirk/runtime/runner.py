@@ -373,8 +373,12 @@ class JobRunner:
                 f"region {region!r} restarts after epoch {done}, but the epoch log names no "
                 "state checkpoint for it"
             )
-        frame = self.checkpoint_store(region).restore_frame(
-            self.spark, int(row.state_ref.split(":")[-1]))
+        # Read once and kept: the job's state is built from it and the next checkpoint's
+        # diff compares with it. Uncut, each use read the store again and ranked its rows
+        # (the first epoch after an engine's kill: 27 Spark stages for stats' checkpoint
+        # against 14), and a state of several parts (communities') read it once per part.
+        frame = cut_lineage(self.checkpoint_store(region).restore_frame(
+            self.spark, int(row.state_ref.split(":")[-1])))
         self.state_frames[region] = frame
         self.state[region] = self.logic.state_from_frame(region, frame, self.spark)
         log.info("region %s: state restored from %s", region, row.state_ref)
