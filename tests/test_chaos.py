@@ -44,8 +44,10 @@ def test_a_short_campaign_loses_duplicates_and_sticks_nothing(golden, tmp_path):
 def test_under_airflow_kills_in_the_middle_of_a_recovery_are_recovered_too(golden, tmp_path):
     """CI's variant of ``falkirk chaos --airflow --every``: a local Airflow runs the
     pipeline. Its scheduler (with its executor and tasks) and a stream job are SIGKILLed
-    together, the scheduler is started again seconds later; about 10 s after that first
-    strike, before it has recovered, another stream job is SIGKILLed. The streams
+    together, the scheduler is started again seconds later; once the epoch log shows that
+    kill's rollback done and its regions not committed again, another stream job is
+    SIGKILLed (forced mid-recovery: on a clock of 10 s on average, the second strike
+    once came 13.1 s after the first, whose recovery had ended at 12.6 s). The streams
     supervisor (its watch deferred to the triggerer, which outlived the scheduler; a job
     dead since its last watch rolled back by its next start step) recovers both, and the
     run ends with the failure-free outputs, every message on the output topics counted."""
@@ -53,7 +55,7 @@ def test_under_airflow_kills_in_the_middle_of_a_recovery_are_recovered_too(golde
 
     result = airflow_campaign(tmp_path, minutes=5, seed=1, data=INPUT, console=Console(),
                               golden=golden, targets=("scheduler", "job"), strikes=2,
-                              every_s=10.0)
+                              every_s=10.0, mid_recovery=True)
     first, second = result["events"]
     assert (first["target"], second["target"]) == ("scheduler", "job"), result["events"]
     assert first["recovery_s"] is not None and second["recovery_s"] is not None, result

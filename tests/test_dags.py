@@ -609,6 +609,24 @@ def test_the_engines_death_is_seen_before_any_of_its_jobs_exits(tmp_path, monkey
         engine.kill()
         engine.wait()
         assert supervisor.dead_or_finished(pipeline) == jobs  # every job still alive
+        recovered: list[dict] = []  # the recover task (the watch ended for it) sees them too
+        monkeypatch.setattr(supervisor, "plan_markdown", lambda plan, pipe: "")
+
+        class Task:
+            run_id = "manual__1"
+
+            def xcom_push(self, key, value) -> None:
+                pass
+
+        class Plan:
+            def to_json(self) -> dict:
+                return {}
+
+        monkeypatch.setattr(supervisor, "roll_back_and_restart",
+                            lambda pipe, dead, by, say=None: recovered.append(dead) or {
+                                "plan": Plan()})
+        supervisor.recover("reference", Task())
+        assert recovered == [jobs]
         streams.pause_marker(pipeline).parent.mkdir(parents=True, exist_ok=True)
         streams.pause_marker(pipeline).write_text("a rollback run")
         assert supervisor.dead_or_finished(pipeline) == {}

@@ -97,13 +97,19 @@ class AirflowCampaign:
     earlier kill has recovered (then 1-8 s more); with ``every_s`` one comes every
     ``every_s`` seconds on average (0.5-1.5 times it) whether or not the last ones have
     recovered, so kills land in the middle of recoveries: a restarted job still starting,
-    a ``recover`` task in its rollback, the scheduler down while a job is dead."""
+    a ``recover`` task in its rollback, the scheduler down while a job is dead. With
+    ``mid_recovery`` a strike after the first comes as soon as the campaign sees a kill
+    whose rollback is done and whose regions have not committed again: in the middle of
+    a recovery by the epoch log's word, however fast recoveries are (a clock's gap can be
+    longer than a recovery on a fast machine)."""
 
     def __init__(self, demo, rng: random.Random, say: Callable[[str], None],
-                 targets: tuple[str, ...] = TARGETS, every_s: float | None = None):
+                 targets: tuple[str, ...] = TARGETS, every_s: float | None = None,
+                 mid_recovery: bool = False):
         self.demo, self.rng, self.say = demo, rng, say
         self.targets = targets
         self.every_s = every_s
+        self.mid_recovery = mid_recovery
         self.kills: list[dict[str, Any]] = []
         self.pending: list[dict[str, Any]] = []  # kills not recovered yet
         self._asked = 0.0
@@ -161,11 +167,17 @@ class AirflowCampaign:
             self._respawn()
         self.tick()
         self.settle()
-        if now >= self.next_at and (self.every_s is not None or not self.recovering()):
+        if self._due(now):
             self.strike()  # (the broker's restart takes seconds: the clock runs meanwhile)
             self.next_at = (now if self.every_s is not None else time.monotonic()) + self._gap()
         else:
             time.sleep(POLL_S)
+
+    def _due(self, now: float) -> bool:
+        """Whether the next strike comes now (see the class)."""
+        if self.mid_recovery and self.kills:
+            return any("rollback_done_s" in k for k in self.recovering())
+        return now >= self.next_at and (self.every_s is not None or not self.recovering())
 
     @property
     def stuck(self) -> int:
@@ -462,11 +474,13 @@ def _kill_group(pgid: int) -> None:
 def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
                      console, golden: dict[str, Any], standby: int = 0,
                      targets: tuple[str, ...] | None = None, strikes: int | None = None,
-                     every_s: float | None = None) -> dict[str, Any]:
+                     every_s: float | None = None, mid_recovery: bool = False
+                     ) -> dict[str, Any]:
     """Run the campaign under Airflow; its figures (the keys of the campaign without
     Airflow, plus each kill's ``rollback_done_s``: the supervisor's part). ``targets`` and
     ``strikes`` (at most that many) narrow it for CI's short variant; ``every_s``: strikes
-    on a clock, not waiting for recovery (see :class:`AirflowCampaign`)."""
+    on a clock, not waiting for recovery; ``mid_recovery``: each strike after the first
+    once a kill's rollback is done and before it recovered (see :class:`AirflowCampaign`)."""
     from falkirk.config import load
     from falkirk_dev.chaos import outcome
     from falkirk_dev.demo.airflow import AirflowDemo
@@ -488,7 +502,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         demo.start_airflow()
         demo.unpause()
         targets = targets or default_targets()
-        c = AirflowCampaign(demo, random.Random(seed), say, targets, every_s)
+        c = AirflowCampaign(demo, random.Random(seed), say, targets, every_s, mid_recovery)
         demo.wait("waiting for the stream jobs to start…",
                   lambda p: len(c.stream_jobs_alive()) == 3, interval=1)
         demo.wait("waiting for every region's first epoch (strikes begin on a running "

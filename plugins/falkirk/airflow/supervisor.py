@@ -333,11 +333,11 @@ def recover(pipeline: str, ti: Any) -> dict[str, Any]:
     triggerer, and Airflow 3.3 stores a trigger's XCom JSON-encoded twice (it reads back as
     a string)."""
     pipe = load_pipeline(pipeline)
-    dead = streams.dead_jobs(pipe)
+    dead = with_the_engines_jobs(pipe, streams.dead_jobs(pipe))  # as the watch looked
     if not dead:
         log.info("nothing died")
         return {}
-    out = roll_back_and_restart(pipe, with_the_engines_jobs(pipe, dead), ti.run_id)
+    out = roll_back_and_restart(pipe, dead, ti.run_id)
     done = out.pop("plan")
     markdown = plan_markdown(done.to_json(), pipe)
     log.info("rollback plan:\n%s", markdown)

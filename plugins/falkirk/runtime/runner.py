@@ -375,8 +375,8 @@ class JobRunner:
             )
         # Read once and kept: the job's state is built from it and the next checkpoint's
         # diff compares with it. Uncut, each use read the store again and ranked its rows
-        # (the first epoch after an engine's kill: 27 Spark stages for stats' checkpoint
-        # against 14), and a state of several parts (communities') read it once per part.
+        # (stats' checkpoint in the first epoch after a restore: 15-28 Spark stages, 14
+        # cut), and a state of several parts (communities') read it once per part.
         frame = cut_lineage(self.checkpoint_store(region).restore_frame(
             self.spark, int(row.state_ref.split(":")[-1])))
         self.state_frames[region] = frame
