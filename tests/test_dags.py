@@ -522,6 +522,18 @@ def test_a_pid_file_being_written_is_never_read_half_written(tmp_path, monkeypat
     assert json.loads((tmp_path / "run" / "reference" / "ingest.json").read_text())
 
 
+def _an_engine_of_its_own(tmp_path, monkeypatch) -> None:
+    """The local profile with its var, lake and engine folder under ``tmp_path`` and its
+    engine's address on a free port, where nothing answers."""
+    from falkirk.local.broker import free_port
+
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
+    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+
+
 def test_when_the_engine_died_every_job_on_it_is_recovered_with_the_first_dead_one(
         tmp_path, monkeypatch):
     """The engine's kill takes every job's session: the jobs then died seconds apart, and
@@ -533,18 +545,13 @@ def test_when_the_engine_died_every_job_on_it_is_recovered_with_the_first_dead_o
     import subprocess
 
     from falkirk.airflow import supervisor
-    from falkirk.local.broker import free_port
     from falkirk.local.engine import died
     from falkirk.model.topology import load_pipeline
     from falkirk.runtime import procs
     from falkirk.runtime.park import ENGINE_LOST_EXIT
     from falkirk.runtime.procs import write_whole
 
-    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
-    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
-    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
-    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")  # no one
-    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    _an_engine_of_its_own(tmp_path, monkeypatch)  # nothing answers at its address yet
     pipeline = load_pipeline("reference")
     live = {job: subprocess.Popen(["sleep", "300"], start_new_session=True)
             for job in ("jobs/serve.py", "jobs/communities.py")}
@@ -583,16 +590,11 @@ def test_the_engines_death_is_seen_before_any_of_its_jobs_exits(tmp_path, monkey
     import subprocess
 
     from falkirk.airflow import streams, supervisor
-    from falkirk.local.broker import free_port
     from falkirk.model.topology import load_pipeline
     from falkirk.runtime import procs
     from falkirk.runtime.procs import write_whole
 
-    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
-    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
-    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
-    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")  # no one
-    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    _an_engine_of_its_own(tmp_path, monkeypatch)  # nothing answers at its address yet
     pipeline = load_pipeline("reference")
     assert supervisor.with_the_engines_jobs(pipeline, {}) == {}  # no engine, no job either
     jobs = streams.stream_jobs(pipeline)
@@ -645,15 +647,10 @@ def test_after_the_engines_death_it_starts_again_beside_the_rollback(tmp_path, m
 
     from falkirk.airflow import supervisor
     from falkirk.local import engine
-    from falkirk.local.broker import free_port
     from falkirk.model.topology import load_pipeline
     from falkirk.runtime import procs
 
-    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
-    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
-    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
-    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")  # no one
-    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    _an_engine_of_its_own(tmp_path, monkeypatch)  # nothing answers at its address yet
     pipeline = load_pipeline("reference")
     launched = _record_launches(monkeypatch)
     starting = threading.Event()
@@ -697,17 +694,12 @@ def test_when_a_standby_engine_took_over_the_jobs_started_before_are_recovered_t
     import time
 
     from falkirk.airflow import supervisor
-    from falkirk.local.broker import free_port
     from falkirk.local.engine import died, serving_since
     from falkirk.model.topology import load_pipeline
     from falkirk.runtime import procs
     from falkirk.runtime.procs import write_whole
 
-    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
-    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
-    monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
-    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("FALKIRK_LOCAL_LOCAL_ENGINE", "1")
+    _an_engine_of_its_own(tmp_path, monkeypatch)  # nothing answers at its address yet
     pipeline = load_pipeline("reference")
     before = subprocess.Popen(["sleep", "300"], start_new_session=True)
     standby = subprocess.Popen(["sleep", "300"], start_new_session=True)
