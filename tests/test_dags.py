@@ -781,6 +781,8 @@ def test_the_watch_defers_to_a_trigger_that_ends_it_on_a_death(tmp_path, monkeyp
 
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
     monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
+    # jobs as drivers of their own: no engine whose absence would make the stand-in dead
+    monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", "")
     pipeline = load_pipeline("reference")
     for job in streams.stream_jobs(pipeline):
         if job != "jobs/serve.py":
