@@ -133,8 +133,9 @@ def dead_or_finished(pipeline: Pipeline) -> dict[str, list[str]]:
     """One look at the stream jobs: the dead ones (job -> regions), or {} while they run.
     Pauses by a rollback run are not deaths. When every stream job has finished because its
     input ended, the pipeline's standby drivers are stopped: nothing is left for them."""
-    dead = with_the_engines_jobs(pipeline, streams.dead_jobs(pipeline))
-    if not dead and not procs.running(pipeline) and not streams.pause_marker(pipeline).exists():
+    running = procs.running(pipeline)  # one read of the pid files for this look
+    dead = with_the_engines_jobs(pipeline, streams.dead_jobs(pipeline), running)
+    if not dead and not running and not streams.pause_marker(pipeline).exists():
         from falkirk.runtime import standby
 
         stopped = standby.stop_all(pipeline)
@@ -144,18 +145,19 @@ def dead_or_finished(pipeline: Pipeline) -> dict[str, list[str]]:
     return dead
 
 
-def with_the_engines_jobs(pipeline: Pipeline, dead: dict[str, list[str]]
-                          ) -> dict[str, list[str]]:
+def with_the_engines_jobs(pipeline: Pipeline, dead: dict[str, list[str]],
+                          running: list[dict] | None = None) -> dict[str, list[str]]:
     """``dead`` and, when this machine's engine died, every stream job still running on
     it: each is a client whose session died with the engine and is about to fail (its
     fence watch finds the engine gone within seconds). One rollback then recovers them
     all, instead of one per job as each one's death is seen. The engine's death is a
     death of its jobs even before any of them exits: the watch does not wait for their
     fence watches' three looks. With a standby engine the port answers again within a
-    second: the jobs started before the standby took it over ran on the dead one."""
+    second: the jobs started before the standby took it over ran on the dead one.
+    ``running``: the live job processes, when the caller has just read them."""
     from falkirk.local.engine import died, serving_since
 
-    running = procs.running(pipeline)
+    running = procs.running(pipeline) if running is None else running
     if not dead and (not running or streams.pause_marker(pipeline).exists()):
         return dead  # nothing runs, or a rollback run paused the jobs: it restarts them
     if not died():
