@@ -6,6 +6,7 @@ input), every message on the output topics counted."""
 from __future__ import annotations
 
 import random
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -78,14 +79,17 @@ def test_under_airflow_the_engine_killed_under_every_job_is_recovered(golden, tm
     every stream job is a client of is SIGKILLed while they run. Every session is gone
     with it; the kill is recovered (with a rollback where a job failed, without one where
     the jobs had nothing in their sessions yet), a new engine answers, and the run ends
-    with the failure-free outputs, every message on the output topics counted."""
+    with the failure-free outputs, every message on the output topics counted. The input
+    is produced at a steady rate while the pipeline runs (``--rate``), kill included: the
+    outputs do not depend on the pace."""
     from rich.console import Console
 
     from falkirk.config import load
     from falkirk.local.engine import status
 
     result = airflow_campaign(tmp_path, minutes=5, seed=1, data=INPUT, console=Console(),
-                              golden=golden, targets=("engine",), strikes=1)
+                              golden=golden, targets=("engine",), strikes=1, rate=30.0)
+    assert result["input_rate"] == 30.0
     (kill,) = result["events"]
     assert kill["target"] == "engine" and kill["recovery_s"] is not None, kill
     after = status(load())
@@ -269,6 +273,108 @@ def test_a_recoverys_parts_split_out_the_wait_for_an_upstream_region_it_did_not_
                                         pipe) is None
     no_rollback = {k: v for k, v in kill.items() if k != "generation"}
     assert chaos_airflow.recovery_parts(no_rollback, records, runs, pipe) is None
+
+
+def test_with_a_steady_input_the_wait_for_records_not_produced_yet_is_counted_apart():
+    """With the input produced while the pipeline runs, an ingest killed while it waited
+    for epoch 10's records (the producer closed epoch 10 on every partition 20 s after
+    the kill) commits epoch 10 at 26 s: 2 s to the rollback, 2 s to the start, 16 s
+    waiting for the records (from the start row to the input), 6 s of work. Without the
+    producer's times the whole 24 s after the start is work, as before. A broker kill's
+    next commit waits for its input alike; over every kill, recovery less waiting."""
+    from datetime import UTC, datetime, timedelta
+
+    from falkirk.log.epochlog import EpochRecord
+    from falkirk.model.topology import load_pipeline
+
+    pipe = load_pipeline("reference")
+    t0 = datetime(2026, 12, 6, tzinfo=UTC)
+
+    def rec(region, epoch, s, generation=7, status="committed"):
+        return EpochRecord("reference", region, epoch, generation, status,
+                           recorded_at=t0 + timedelta(seconds=s))
+
+    records = [rec("ingest", 9, -30, 6), rec("ingest", 10, 26)]
+    runs = [{"job": "jobs/ingest.py", "status": "started", "generation": 7,
+             "recorded_at": t0 + timedelta(seconds=4)}]
+    kill = {"target": "job", "job": "jobs/ingest.py", "regions": ["ingest"], "wall": t0,
+            "generation": 7, "rollback_done_s": 2.0, "recovery_s": 26.0,
+            "watched": ["ingest"], "records_before": 1}
+    produced = {("events", 9): t0 - timedelta(seconds=35),
+                ("events", 10): t0 + timedelta(seconds=20)}
+
+    def ready(topic, epoch):
+        return produced.get((topic, epoch))
+
+    parts = chaos_airflow.recovery_parts(kill, records, runs, pipe, ready)
+    assert (parts["waited_on"], parts["start_s"], parts["waited_s"], parts["work_s"]) == (
+        "topic events", 2.0, 16.0, 6.0), parts
+    blind = chaos_airflow.recovery_parts(kill, records, runs, pipe)
+    assert (blind["waited_s"], blind["work_s"]) == (0.0, 22.0), blind
+
+    broker = {"target": "broker", "wall": t0, "records_before": 1, "recovery_s": 26.0}
+    assert chaos_airflow.broker_wait(broker, records, pipe, ready) == 20.0
+    assert chaos_airflow.broker_wait(broker, records, pipe, None) == 0.0
+
+    class Log:
+        def records(self, name):
+            return records
+
+        def job_run_rows(self, name):
+            return runs
+
+    profiled = chaos_airflow._profile([dict(kill), dict(broker)], Log(), pipe, ready)
+    assert profiled["recovery_less_waiting_s_p50"] == 8.0, profiled  # 10 and 6
+    assert profiled["waited_on"] == {"topic events": 1}
+
+
+def test_a_steady_input_closes_each_epoch_when_its_next_records_are_acknowledged(broker):
+    """The steady producer (the real broker) sends every record, bounds the input once all
+    are acknowledged, and keeps when each epoch's records were complete on each topic:
+    after the first acknowledged record of a later epoch on every partition, in order of
+    epochs, none before the producer got there."""
+    from datetime import UTC, datetime
+
+    from falkirk.model.topology import load_pipeline
+    from falkirk_dev import generate as G
+    from falkirk_dev.harness import SteadyInput
+
+    bounded = []
+    run = SimpleNamespace(pipeline=load_pipeline("reference"),
+                          cfg=SimpleNamespace(kafka_bootstrap=broker.bootstrap),
+                          declare_bounds=lambda: bounded.append(datetime.now(UTC)) or {})
+    steady = SteadyInput(run, 400.0, events=600, queries=60, epochs=4, seed=5)
+    G.ensure_topics(broker.bootstrap, steady.partitions)  # (maybe another test's: counted)
+    before = {t: _ends(broker.bootstrap, t) for t in (G.EVENTS_TOPIC, G.QUERIES_TOPIC)}
+    started = datetime.now(UTC)
+    steady.start()
+    assert steady.ready_at(G.EVENTS_TOPIC, 3) is None  # the last epoch: only the bound
+    deadline = time.monotonic() + 60
+    while not steady.done:
+        assert time.monotonic() < deadline, "the steady input did not end within 60 s"
+        time.sleep(0.1)
+    assert steady.info["sent"][G.EVENTS_TOPIC] and bounded, steady.info
+    after = {t: _ends(broker.bootstrap, t) for t in before}
+    assert sum(after[G.EVENTS_TOPIC].values()) - sum(before[G.EVENTS_TOPIC].values()) == 600
+    assert sum(after[G.QUERIES_TOPIC].values()) - sum(before[G.QUERIES_TOPIC].values()) == 60
+    for topic in (G.EVENTS_TOPIC, G.QUERIES_TOPIC):
+        times = [steady.ready_at(topic, e) for e in range(4)]
+        assert all(t is not None for t in times), times
+        assert started < times[0] and times == sorted(times), times
+        assert times[3] == steady.ended_at >= bounded[0]  # the last epoch: at its bound
+        assert times[0] < times[2]  # spread over the production, not all at its end
+
+
+def _ends(bootstrap: str, topic: str) -> dict[int, int]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        parts = c.partitions_for_topic(topic) or set()
+        return {tp.partition: o for tp, o in c.end_offsets(
+            [TopicPartition(topic, p) for p in parts]).items()}
+    finally:
+        c.close()
 
 
 def test_a_batch_task_failed_for_good_fails_the_campaign_though_its_run_succeeded():

@@ -461,6 +461,12 @@ def main(args: Namespace) -> int:
         console.print("[red]--every is for the campaign under Airflow (--airflow): without "
                       "it the campaign recovers each death itself, one at a time")
         return 2
+    rate = getattr(args, "rate", None)
+    if rate is not None and (not getattr(args, "airflow", False) or not rate > 0):
+        console.print(f"[red]--rate {rate}: " + ("must be above 0 records/s" if
+                      getattr(args, "airflow", False) else "is for the campaign under "
+                      "Airflow (--airflow)"))
+        return 2
     targets = getattr(args, "targets", None)
     if targets is not None:
         from falkirk_dev.chaos_airflow import ENGINE
@@ -493,7 +499,7 @@ def main(args: Namespace) -> int:
         result = airflow_campaign(workdir, float(args.minutes), int(args.seed), data, console,
                                   golden, standby=standby,
                                   targets=tuple(targets.split(",")) if targets else None,
-                                  every_s=getattr(args, "every", None))
+                                  every_s=getattr(args, "every", None), rate=rate)
     else:
         result = campaign(workdir, float(args.minutes), int(args.seed), data, say,
                           golden=failure_free(workdir, data, say, keep),

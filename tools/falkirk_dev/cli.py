@@ -137,6 +137,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="with --airflow: a strike every S seconds on average, whether or "
                         "not the last one has recovered (default: each strike waits for "
                         "its recovery)")
+    p.add_argument("--rate", type=float, metavar="R",
+                   help="with --airflow: produce the input at R records/s while the "
+                        "pipeline runs, as a live source would (default: all of it before "
+                        "the pipeline starts, a backlog to drain); a recovery's wait for "
+                        "records not produced yet is counted apart")
     p.add_argument("--standby", type=int, default=0, metavar="N",
                    help="keep N warm standby drivers to take the restarted jobs (default 0)")
     p.add_argument("--targets", metavar="T,T",

@@ -31,7 +31,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import ModuleType
@@ -256,14 +256,17 @@ def produce(
     event_records: Sequence[Record],
     query_records: Sequence[Record],
     rate: float | None = None,
+    on_acked: Callable[[int, Any], None] | None = None,
 ) -> dict[str, dict[int, int]]:
     """Send both streams, interleaved by time, with Kafka timestamps = record timestamps.
 
     Each stream keeps its production order (late records stay where they are); the
     producer's default partitioner places records by key hash, and the idempotent
     producer keeps each partition's order through retries. ``rate`` None sends as fast as
-    the broker takes them, else about ``rate`` records per second in total. Returns
-    ``{topic: {partition: records}}``; raises if any record was not acknowledged.
+    the broker takes them, else about ``rate`` records per second in total. ``on_acked``
+    is told ``(timestamp_ms, record metadata)`` as the broker acknowledges each record (in
+    the producer's thread): from then on a reader can see it. Returns ``{topic: {partition:
+    records}}``; raises if any record was not acknowledged.
     """
     from kafka import KafkaProducer
 
@@ -288,7 +291,10 @@ def produce(
                 ahead = start + n / rate - time.monotonic()
                 if ahead > 0:
                     time.sleep(ahead)
-            futures.append((topic, producer.send(topic, key=key, value=value, timestamp_ms=ts)))
+            future = producer.send(topic, key=key, value=value, timestamp_ms=ts)
+            if on_acked is not None:
+                future.add_callback(on_acked, ts)
+            futures.append((topic, future))
         producer.flush()
     finally:
         producer.close()

@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,8 @@ from falkirk.local.run import CHECKS
 from falkirk.local.run import LocalRun as BaseRun
 from falkirk.model.topology import Pipeline
 
-__all__ = ["CHECKS", "LocalRun", "compare", "count_sent", "each_message", "generate_args",
-           "profile"]
+__all__ = ["CHECKS", "LocalRun", "SteadyInput", "compare", "count_sent", "each_message",
+           "generate_args", "profile"]
 
 
 @contextlib.contextmanager
@@ -160,6 +163,99 @@ def count_sent(messages: list[tuple[str, str, int | None]]) -> dict[str, Any]:
     return {"messages": len(messages), "keys": len(seen), "resent": len(messages) - len(seen),
             "resent_by_generation": dict(sorted(by_gen.items())),
             "resent_same_generation": same, "changed": changed}
+
+
+class SteadyInput:
+    """The reference input produced at a steady rate, in a thread beside the running
+    pipeline, and bounded where it ends once all of it is acknowledged (issue 15's
+    campaign: "input produced at a steady rate"; without it every record is there at the
+    start and the pipeline drains a backlog).
+
+    It keeps when each epoch's input was complete on each topic: every partition had an
+    acknowledged record of a later epoch, the cut ``runtime.runner`` closes an epoch with
+    (or the input was bounded). No recovery, however fast, commits an epoch before that:
+    the campaign counts a recovery's wait for input that did not exist yet apart."""
+
+    def __init__(self, run: LocalRun, rate: float, **options: Any):
+        from falkirk_dev import generate as G
+
+        if rate <= 0:
+            raise ValueError(f"the steady input's rate must be > 0 records/s, got {rate}")
+        self.run, self.rate = run, rate
+        self.generated, self.origin_ms, self.epoch_ms = G.from_args(
+            generate_args(run.pipeline, **options))
+        self.info = G.summary(self.generated, self.origin_ms, self.epoch_ms)
+        self.partitions = {G.EVENTS_TOPIC: G.EVENT_PARTITIONS,
+                           G.QUERIES_TOPIC: G.QUERY_PARTITIONS}
+        # (topic, partition) -> [(epoch reached, when acknowledged)], epochs increasing
+        self._reached: dict[tuple[str, int], list[tuple[int, datetime]]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.ended_at: datetime | None = None  # bounded: every epoch complete
+
+    @property
+    def seconds(self) -> float:
+        """How long producing all of it takes at the rate."""
+        return (len(self.generated.events) + len(self.generated.queries)) / self.rate
+
+    def start(self) -> SteadyInput:
+        from falkirk_dev import generate as G
+
+        G.ensure_topics(self.run.cfg.kafka_bootstrap, self.partitions)
+        self._thread = threading.Thread(target=self._produce, name="steady-input",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def _produce(self) -> None:
+        from falkirk_dev import generate as G
+
+        try:
+            started = time.monotonic()
+            sent = G.produce(self.run.cfg.kafka_bootstrap, G.EVENTS_TOPIC, G.QUERIES_TOPIC,
+                             self.generated.events, self.generated.queries, rate=self.rate,
+                             on_acked=self._acked)
+            self.info["seconds"] = round(time.monotonic() - started, 3)
+            self.info["sent"] = {t: {str(p): n for p, n in sorted(per.items())}
+                                 for t, per in sent.items()}
+            self.info["bounds"] = self.run.declare_bounds()
+            self.ended_at = datetime.now(UTC)
+        except BaseException as e:  # (surfaced by check(), in the caller's thread)
+            self.error = e
+
+    def _acked(self, ts: int, meta: Any) -> None:
+        from falkirk_dev.generate import epoch_of
+
+        epoch, now = epoch_of(ts, self.origin_ms, self.epoch_ms), datetime.now(UTC)
+        with self._lock:
+            marks = self._reached.setdefault((meta.topic, meta.partition), [])
+            if not marks or epoch > marks[-1][0]:  # (a late record reaches nothing new)
+                marks.append((epoch, now))
+
+    def ready_at(self, topic: str, epoch: int) -> datetime | None:
+        """When ``epoch``'s input on ``topic`` was complete; None while it is not."""
+        times = []
+        with self._lock:
+            for p in range(self.partitions[topic]):
+                when = next((t for e, t in self._reached.get((topic, p), ()) if e > epoch),
+                            self.ended_at)
+                if when is None:
+                    return None
+                times.append(when)
+        return max(times)
+
+    @property
+    def done(self) -> bool:
+        """All of it produced and bounded."""
+        self.check()
+        return self.ended_at is not None
+
+    def check(self) -> None:
+        """Raise the producer's error, if it failed (the pipeline would wait forever)."""
+        if self.error is not None:
+            raise RuntimeError(f"the steady input's producer failed: {self.error!r}"
+                               ) from self.error
 
 
 def generate_args(pipeline: Pipeline, **options: Any):

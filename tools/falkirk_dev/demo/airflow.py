@@ -165,7 +165,7 @@ class AirflowDemo:
     def __init__(self, root: Path, console, keep_airflow: bool, live_checks: bool,
                  port: int | None, timeout_s: float, cluster: bool = False,
                  cluster_broker=None, data: dict[str, int] | None = None,
-                 standby: int | None = None):
+                 standby: int | None = None, rate: float | None = None):
         self.root = root
         self.cluster = cluster  # on bin/cluster up's engines, with the CeleryExecutor
         self.cluster_broker = cluster_broker  # its Kafka (ClusterKafka) when on it
@@ -179,6 +179,8 @@ class AirflowDemo:
         self.input = data or DEMO_INPUT  # the generator's options (the fault campaign's)
         self.epochs = self.input["epochs"]
         self.standby = standby  # warm standby drivers the supervisor keeps (None: none)
+        self.rate = rate  # records/s of input produced while it runs (None: all at first)
+        self.steady = None  # its SteadyInput
         self.t0 = time.monotonic()
         self.timings: dict[str, float] = {}
         self.events: list[str] = []  # for the report, in order
@@ -259,9 +261,17 @@ class AirflowDemo:
 
         self.broker = (self.cluster_broker or LocalBroker(self.sandbox / "broker")).start()
         self.run = LocalRun(self.sandbox, broker=self.broker, standby=self.standby).__enter__()
-        info = self.run.generate(**self.input)
+        if self.rate is None:
+            info, how = self.run.generate(**self.input), "input generated"
+        else:
+            from falkirk_dev.harness import SteadyInput
+
+            self.steady = SteadyInput(self.run, self.rate, **self.input).start()
+            info = self.steady.info
+            how = (f"input produced at {self.rate:g} records/s while it runs (one epoch "
+                   f"every {self.steady.seconds / self.epochs:.0f} s)")
         self.env = self._airflow_env()
-        self.log(f"sandbox {self.sandbox}: broker on {self.broker.bootstrap}; input generated "
+        self.log(f"sandbox {self.sandbox}: broker on {self.broker.bootstrap}; {how} "
                  f"({self.input['events']} events, {self.input['queries']} queries, "
                  f"{self.epochs} epochs, seed {self.input['seed']}; {info['malformed']} "
                  f"malformed, {info['late']} late)")
@@ -416,7 +426,10 @@ class AirflowDemo:
     def check_failures(self, p: dict[str, Any]) -> None:
         """Fail on a failed batch run, and on a batch task that failed for good even when
         its run says success (a run whose data_checks the demo marked skipped ends
-        `success` though its epoch's task failed: nothing would ever rerun that epoch)."""
+        `success` though its epoch's task failed: nothing would ever rerun that epoch).
+        And on a steady input whose producer failed: the pipeline would wait for it."""
+        if self.steady is not None:
+            self.steady.check()
         failed = [r for r in p["batch"] if r["state"] == "failed"]
         if failed:
             raise DemoError(f"{BATCH} run {failed[0]['dag_run_id']} failed: see "
