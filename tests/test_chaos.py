@@ -328,11 +328,11 @@ def test_with_a_steady_input_the_wait_for_records_not_produced_yet_is_counted_ap
     assert profiled["waited_on"] == {"topic events": 1}
 
 
-def test_a_steady_input_closes_each_epoch_when_its_next_records_are_acknowledged(broker):
+def test_a_steady_input_closes_each_epoch_when_its_next_records_are_due(broker):
     """The steady producer (the real broker) sends every record, bounds the input once all
-    are acknowledged, and keeps when each epoch's records were complete on each topic:
-    after the first acknowledged record of a later epoch on every partition, in order of
-    epochs, none before the producer got there."""
+    are acknowledged, and keeps when each epoch's records were due whole on each topic:
+    when the first record of a later epoch was handed over for every partition, in order
+    of epochs, none before the producer got there."""
     from datetime import UTC, datetime
 
     from falkirk.model.topology import load_pipeline

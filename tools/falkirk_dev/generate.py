@@ -256,7 +256,7 @@ def produce(
     event_records: Sequence[Record],
     query_records: Sequence[Record],
     rate: float | None = None,
-    on_acked: Callable[[int, Any], None] | None = None,
+    on_acked: Callable[[int, datetime, Any], None] | None = None,
 ) -> dict[str, dict[int, int]]:
     """Send both streams, interleaved by time, with Kafka timestamps = record timestamps.
 
@@ -264,9 +264,10 @@ def produce(
     producer's default partitioner places records by key hash, and the idempotent
     producer keeps each partition's order through retries. ``rate`` None sends as fast as
     the broker takes them, else about ``rate`` records per second in total. ``on_acked``
-    is told ``(timestamp_ms, record metadata)`` as the broker acknowledges each record (in
-    the producer's thread): from then on a reader can see it. Returns ``{topic: {partition:
-    records}}``; raises if any record was not acknowledged.
+    is told ``(timestamp_ms, handed, record metadata)`` as the broker acknowledges each
+    record (in the producer's thread), ``handed`` being when the record was handed to the
+    producer: its due time at the rate, even when a broker down delays the acknowledgement.
+    Returns ``{topic: {partition: records}}``; raises if any record was not acknowledged.
     """
     from kafka import KafkaProducer
 
@@ -291,9 +292,10 @@ def produce(
                 ahead = start + n / rate - time.monotonic()
                 if ahead > 0:
                     time.sleep(ahead)
+            handed = datetime.now(UTC)
             future = producer.send(topic, key=key, value=value, timestamp_ms=ts)
             if on_acked is not None:
-                future.add_callback(on_acked, ts)
+                future.add_callback(on_acked, ts, handed)
             futures.append((topic, future))
         producer.flush()
     finally:

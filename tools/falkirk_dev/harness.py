@@ -171,10 +171,13 @@ class SteadyInput:
     campaign: "input produced at a steady rate"; without it every record is there at the
     start and the pipeline drains a backlog).
 
-    It keeps when each epoch's input was complete on each topic: every partition had an
-    acknowledged record of a later epoch, the cut ``runtime.runner`` closes an epoch with
-    (or the input was bounded). No recovery, however fast, commits an epoch before that:
-    the campaign counts a recovery's wait for input that did not exist yet apart."""
+    It keeps when each epoch's input was due on each topic: every partition got a record
+    of a later epoch, the cut ``runtime.runner`` closes an epoch with (or the input was
+    bounded). The time is when that record was handed to the producer at the rate, not
+    when it was acknowledged: a broker killed delays the acknowledgement, and that delay
+    is the broker's recovery, not the source's pace. No recovery, however fast, commits an
+    epoch before its input was due: the campaign counts a recovery's wait for input that
+    was not due yet apart."""
 
     def __init__(self, run: LocalRun, rate: float, **options: Any):
         from falkirk_dev import generate as G
@@ -224,17 +227,18 @@ class SteadyInput:
         except BaseException as e:  # (surfaced by check(), in the caller's thread)
             self.error = e
 
-    def _acked(self, ts: int, meta: Any) -> None:
+    def _acked(self, ts: int, handed: datetime, meta: Any) -> None:
         from falkirk_dev.generate import epoch_of
 
-        epoch, now = epoch_of(ts, self.origin_ms, self.epoch_ms), datetime.now(UTC)
-        with self._lock:
+        epoch = epoch_of(ts, self.origin_ms, self.epoch_ms)
+        with self._lock:  # (acknowledged in each partition's order, not across them)
             marks = self._reached.setdefault((meta.topic, meta.partition), [])
             if not marks or epoch > marks[-1][0]:  # (a late record reaches nothing new)
-                marks.append((epoch, now))
+                marks.append((epoch, handed))
 
     def ready_at(self, topic: str, epoch: int) -> datetime | None:
-        """When ``epoch``'s input on ``topic`` was complete; None while it is not."""
+        """When ``epoch``'s input on ``topic`` was due whole; None while it is not
+        acknowledged whole."""
         times = []
         with self._lock:
             for p in range(self.partitions[topic]):
