@@ -17,8 +17,8 @@ from deltalake import DeltaTable, write_deltalake
 from falkirk.config import Config, load
 from falkirk.log.epochlog import EpochLog, EpochRecord
 from falkirk.model.schemas import arrow_schema
+from falkirk.model.times import time_of
 from falkirk.model.topology import load_pipeline
-from falkirk.runtime.runner import time_of
 
 DONE = {"ingest": 5, "popularity": 4, "communities": 4, "serve": 3, "stats": 3}
 CHECKPOINTS = {"communities": {2}}

@@ -104,3 +104,18 @@ def test_shift_moves_times_by_epochs_for_delayed_edges():
     assert shift(EPOCH, 0, -1) == EPOCH.bottom
     assert shift(EPOCH, EPOCH.top, -1) == EPOCH.top
     assert shift(ITERATION, (3, 2), -1) == (2, INF)
+
+
+def test_an_epochs_logged_time_and_the_last_whole_epoch_of_a_frontier_key():
+    """A region logs ``e`` (epoch domain) or ``[e, "inf"]`` (iteration: converged) once
+    epoch e is done; only those are whole epochs, and a frontier key's last whole epoch
+    reads back to e (an iteration key inside epoch e to e - 1; bottom to -1)."""
+    from falkirk.model.times import domain, epoch_of_key, is_whole_epoch, time_of
+
+    assert time_of("epoch", 4) == 4 and time_of("epoch.iteration", 4) == [4, "inf"]
+    assert is_whole_epoch(4) and is_whole_epoch([4, "inf"]) and not is_whole_epoch([4, 2])
+    for name in ("epoch", "epoch.iteration"):
+        dom = domain(name)
+        assert epoch_of_key(name, dom.parse(time_of(name, 4))) == 4
+        assert epoch_of_key(name, dom.bottom) == -1
+    assert epoch_of_key("epoch.iteration", domain("epoch.iteration").parse([4, 2])) == 3

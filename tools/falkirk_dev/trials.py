@@ -346,8 +346,7 @@ def redone_after(run, region: str, epoch: int | None, kill_wall: float) -> float
     where it was: the restarted job's Spark start-up included)."""
     from datetime import UTC
 
-    from falkirk.model.times import DOMAINS
-    from falkirk.runtime.runner import time_of
+    from falkirk.model.times import DOMAINS, time_of
 
     if epoch is None:
         return None

@@ -17,9 +17,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from falkirk.config import load
 from falkirk.log.epochlog import EpochLog
-from falkirk.model.times import DOMAINS
+from falkirk.model.times import DOMAINS, time_of
 from falkirk.model.topology import Pipeline, load_pipeline
-from falkirk.runtime.runner import time_of
 
 log = logging.getLogger(__name__)
 # How many epochs the DAG schedules (catchup runs them all); the generator's default.

@@ -197,8 +197,7 @@ class LocalRun:
     def epoch_running(self, region: str, epoch: int) -> bool:
         """The region has started ``epoch`` and not finished it (a mid-epoch moment)."""
         spec = self.pipeline.regions[region]
-        from falkirk.model.times import DOMAINS
-        from falkirk.runtime.runner import time_of
+        from falkirk.model.times import DOMAINS, time_of
 
         key = DOMAINS[spec.domain].parse(time_of(spec.domain, epoch))
         row = self.log.regions(self.pipeline)[region].entries.get(key)

@@ -31,7 +31,7 @@ import pyarrow as pa
 from falkirk.errors import FalkirkError
 from falkirk.io.lake import TABLE_CONFIGURATION, AppendOrder
 from falkirk.model.schemas import arrow_schema
-from falkirk.model.times import DOMAINS, Domain, Offsets, project, shift
+from falkirk.model.times import DOMAINS, Domain, Offsets, is_whole_epoch, project, shift
 from falkirk.model.topology import Pipeline
 from falkirk.regimes import REGIMES
 from falkirk.solver.frontier import Edge, Entry, Problem, Region
@@ -119,7 +119,7 @@ class RegionLog:
         for _, r in sorted(self.entries.items(), key=lambda kv: kv[0]):
             if r.status == "quarantined":
                 break
-            whole = not isinstance(r.time, list) or r.time[1] == "inf"  # a finished epoch
+            whole = is_whole_epoch(r.time)
             if r.status in rules.restorable:
                 rows.append(r)
                 chain = r.epoch if whole else None

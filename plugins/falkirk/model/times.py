@@ -288,6 +288,27 @@ def domain(name: str) -> Domain:
         ) from None
 
 
+def time_of(domain_name: str, epoch: int) -> Any:
+    """The JSON time a region of ``domain_name`` logs once epoch ``epoch`` is done."""
+    return [epoch, "inf"] if DOMAINS[domain_name] is ITERATION else epoch
+
+
+def is_whole_epoch(time: Any) -> bool:
+    """Whether a logged JSON time is a finished epoch (:func:`time_of`), not an
+    iteration inside one."""
+    return not isinstance(time, list) or time[1] == "inf"
+
+
+def epoch_of_key(domain_name: str, key: Any) -> int:
+    """The last epoch wholly inside a frontier key (-1 for none)."""
+    dom = DOMAINS[domain_name]
+    if key == dom.bottom:
+        return -1
+    if dom is ITERATION:
+        return key[0] if key[1] == INF else key[0] - 1
+    return key
+
+
 @dataclass(frozen=True)
 class Frontier:
     """A frontier in one domain: bottom, everything up to a time, or top."""

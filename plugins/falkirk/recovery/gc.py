@@ -22,9 +22,8 @@ from typing import Any
 
 from falkirk.config import Config, load
 from falkirk.log.epochlog import EpochLog
-from falkirk.model.times import DOMAINS, Offsets, shift
+from falkirk.model.times import DOMAINS, Offsets, epoch_of_key, shift, time_of
 from falkirk.model.topology import Pipeline
-from falkirk.runtime.runner import epoch_of_key, time_of
 from falkirk.solver.frontier import low_watermark
 
 

@@ -35,9 +35,8 @@ from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
 from falkirk.faults import maybe_crash
 from falkirk.log.epochlog import EpochLog, EpochRecord
-from falkirk.model.times import DOMAINS
+from falkirk.model.times import DOMAINS, epoch_of_key
 from falkirk.model.topology import Pipeline
-from falkirk.runtime.runner import epoch_of_key
 from falkirk.solver.frontier import Plan, check_plan, solve
 
 

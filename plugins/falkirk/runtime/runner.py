@@ -56,7 +56,7 @@ from falkirk.io.spark import (
 from falkirk.local.engine import serving
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.model.schemas import arrow_schema, ddl, find, use_pipeline
-from falkirk.model.times import DOMAINS, INF, ITERATION, OFFSETS, Offsets
+from falkirk.model.times import DOMAINS, OFFSETS, Offsets, epoch_of_key, time_of
 from falkirk.model.topology import EdgeSpec, Pipeline
 from falkirk.runtime.park import (
     ENGINE_LOST_EXIT,
@@ -236,21 +236,6 @@ class JobLogic(ABC):
 
 
 # ---- the runner ------------------------------------------------------------------------
-
-
-def time_of(domain: str, epoch: int) -> Any:
-    """The JSON time a region logs once epoch ``epoch`` is done."""
-    return [epoch, "inf"] if DOMAINS[domain] is ITERATION else epoch
-
-
-def epoch_of_key(domain: str, key: Any) -> int:
-    """The last epoch wholly inside a frontier key (-1 for none)."""
-    dom = DOMAINS[domain]
-    if key == dom.bottom:
-        return -1
-    if dom is ITERATION:
-        return key[0] if key[1] == INF else key[0] - 1
-    return key
 
 
 class JobRunner:

@@ -18,8 +18,7 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-from falkirk.model.times import DOMAINS
-from falkirk.runtime.runner import epoch_of_key
+from falkirk.model.times import DOMAINS, epoch_of_key
 
 
 def epochs_reached(run, region: str) -> int:
