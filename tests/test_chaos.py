@@ -380,12 +380,13 @@ def _ends(bootstrap: str, topic: str) -> dict[int, int]:
 def test_a_batch_task_failed_for_good_fails_the_campaign_though_its_run_succeeded():
     """The campaign marks each batch run's data_checks skipped, so a run whose epoch task
     failed for good still ends `success`; the 30-minute campaign then waited forever for
-    that epoch. The task's own state fails the campaign, naming it."""
+    that epoch. The task's own state fails the campaign, naming it; so does a steady
+    input's failed producer."""
     from falkirk_dev.demo.airflow import AirflowDemo
     from falkirk_dev.demo.base import DemoError
 
     demo = SimpleNamespace(api=SimpleNamespace(run_url=lambda dag, run: f"{dag}/{run}"),
-                           home="airflow-home")
+                           home="airflow-home", steady=None)
     ok = {"batch": [{"dag_run_id": "scheduled__0", "state": "success"}],
           "supervisor": [], "supervisor_tasks": {}, "batch_failed_tasks": []}
     AirflowDemo.check_failures(demo, ok)
@@ -393,3 +394,11 @@ def test_a_batch_task_failed_for_good_fails_the_campaign_though_its_run_succeede
                                             "try_number": 9, "dag_run_id": "scheduled__0"}]}
     with pytest.raises(DemoError, match="popularity failed after 9 tries in run scheduled__0"):
         AirflowDemo.check_failures(demo, failed)
+
+    # a steady input whose producer failed: the pipeline would wait for it forever
+    from falkirk_dev.harness import SteadyInput
+
+    demo.steady = SteadyInput.__new__(SteadyInput)
+    demo.steady.error = TimeoutError("no broker answered within 120 s")
+    with pytest.raises(RuntimeError, match="steady input's producer failed: TimeoutError"):
+        AirflowDemo.check_failures(demo, ok)
