@@ -190,7 +190,7 @@ class SteadyInput:
         self.info = G.summary(self.generated, self.origin_ms, self.epoch_ms)
         self.partitions = {G.EVENTS_TOPIC: G.EVENT_PARTITIONS,
                            G.QUERIES_TOPIC: G.QUERY_PARTITIONS}
-        # (topic, partition) -> [(epoch reached, when acknowledged)], epochs increasing
+        # (topic, partition) -> [(epoch reached, when its record was due)], increasing
         self._reached: dict[tuple[str, int], list[tuple[int, datetime]]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
