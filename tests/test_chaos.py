@@ -335,6 +335,7 @@ def test_a_steady_input_closes_each_epoch_when_its_next_records_are_due(broker):
     of epochs, none before the producer got there."""
     from datetime import UTC, datetime
 
+    from falkirk.io.kafka import end_offsets
     from falkirk.model.topology import load_pipeline
     from falkirk_dev import generate as G
     from falkirk_dev.harness import SteadyInput
@@ -345,7 +346,7 @@ def test_a_steady_input_closes_each_epoch_when_its_next_records_are_due(broker):
                           declare_bounds=lambda: bounded.append(datetime.now(UTC)) or {})
     steady = SteadyInput(run, 400.0, events=600, queries=60, epochs=4, seed=5)
     G.ensure_topics(broker.bootstrap, steady.partitions)  # (maybe another test's: counted)
-    before = {t: _ends(broker.bootstrap, t) for t in (G.EVENTS_TOPIC, G.QUERIES_TOPIC)}
+    before = {t: end_offsets(broker.bootstrap, t) for t in (G.EVENTS_TOPIC, G.QUERIES_TOPIC)}
     started = datetime.now(UTC)
     steady.start()
     assert steady.ready_at(G.EVENTS_TOPIC, 3) is None  # the last epoch: only the bound
@@ -354,7 +355,7 @@ def test_a_steady_input_closes_each_epoch_when_its_next_records_are_due(broker):
         assert time.monotonic() < deadline, "the steady input did not end within 60 s"
         time.sleep(0.1)
     assert steady.info["sent"][G.EVENTS_TOPIC] and bounded, steady.info
-    after = {t: _ends(broker.bootstrap, t) for t in before}
+    after = {t: end_offsets(broker.bootstrap, t) for t in before}
     assert sum(after[G.EVENTS_TOPIC].values()) - sum(before[G.EVENTS_TOPIC].values()) == 600
     assert sum(after[G.QUERIES_TOPIC].values()) - sum(before[G.QUERIES_TOPIC].values()) == 60
     for topic in (G.EVENTS_TOPIC, G.QUERIES_TOPIC):
@@ -363,18 +364,6 @@ def test_a_steady_input_closes_each_epoch_when_its_next_records_are_due(broker):
         assert started < times[0] and times == sorted(times), times
         assert times[3] == steady.ended_at >= bounded[0]  # the last epoch: at its bound
         assert times[0] < times[2]  # spread over the production, not all at its end
-
-
-def _ends(bootstrap: str, topic: str) -> dict[int, int]:
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(bootstrap_servers=bootstrap)
-    try:
-        parts = c.partitions_for_topic(topic) or set()
-        return {tp.partition: o for tp, o in c.end_offsets(
-            [TopicPartition(topic, p) for p in parts]).items()}
-    finally:
-        c.close()
 
 
 def test_a_batch_task_failed_for_good_fails_the_campaign_though_its_run_succeeded():

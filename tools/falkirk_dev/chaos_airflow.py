@@ -466,6 +466,12 @@ def broker_wait(kill: dict[str, Any], records: list, pipeline,
     return round(min(kill["recovery_s"], max(0.0, waited)), 2)
 
 
+def waited_s(kill: dict[str, Any]) -> float:
+    """The part of a kill's recovery spent waiting for its input: a job kill's in its
+    ``parts``, a broker kill's beside them (:func:`broker_wait`), else none."""
+    return kill["parts"]["waited_s"] if "parts" in kill else kill.get("waited_s", 0.0)
+
+
 def _profile(kills: list[dict[str, Any]], log, pipeline,
              input_ready: InputReady | None = None) -> dict[str, Any]:
     """Each job kill's ``parts`` (see :func:`recovery_parts`) and their medians, over all
@@ -483,8 +489,7 @@ def _profile(kills: list[dict[str, Any]], log, pipeline,
         elif kill["target"] == "broker":
             kill["waited_s"] = broker_wait(kill, records, pipeline, input_ready)
     timed = [k for k in kills if "parts" in k]
-    own = sorted(round(k["recovery_s"] - k.get("parts", {}).get("waited_s",
-                                                                k.get("waited_s", 0.0)), 2)
+    own = sorted(round(k["recovery_s"] - waited_s(k), 2)
                  for k in kills if k.get("recovery_s") is not None)
     return {
         "recovery_parts_s_p50": _parts_median(timed),

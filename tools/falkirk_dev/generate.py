@@ -307,6 +307,11 @@ def produce(
     return sent
 
 
+def sent_json(sent: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
+    """:func:`produce`'s counts as ``falkirk generate`` prints them (partitions as keys)."""
+    return {t: {str(p): n for p, n in sorted(per.items())} for t, per in sent.items()}
+
+
 # --- ground truth ----------------------------------------------------------------------
 
 
@@ -506,7 +511,7 @@ def cli(args: argparse.Namespace) -> int:
                        rate=None if rate is None else float(rate))  # fmt: skip
         info["seconds"] = round(time.monotonic() - started, 3)
         info["bootstrap"] = bootstrap
-        info["sent"] = {t: {str(p): n for p, n in sorted(per.items())} for t, per in sent.items()}
+        info["sent"] = sent_json(sent)
     print(json.dumps(info, indent=1))
     return 0
 

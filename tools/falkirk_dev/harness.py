@@ -220,8 +220,7 @@ class SteadyInput:
                              self.generated.events, self.generated.queries, rate=self.rate,
                              on_acked=self._acked)
             self.info["seconds"] = round(time.monotonic() - started, 3)
-            self.info["sent"] = {t: {str(p): n for p, n in sorted(per.items())}
-                                 for t, per in sent.items()}
+            self.info["sent"] = G.sent_json(sent)
             self.info["bounds"] = self.run.declare_bounds()
             self.ended_at = datetime.now(UTC)
         except BaseException as e:  # (surfaced by check(), in the caller's thread)
