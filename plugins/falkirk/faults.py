@@ -19,7 +19,9 @@ The points:
   stop their jobs;
 * ``rollback:after-first-table``: a rollback restored its first table and nothing more;
 * ``runner:fence-checked``: a job found no fence of its regions and is about to record its
-  epoch's rows (its outputs are committed): a rollback that fences it now meets a late row.
+  epoch's rows (its outputs are committed): a rollback that fences it now meets a late row;
+* ``log:before-compaction-commit``: a compaction of an epoch log table read its rows and
+  is about to commit the file that replaces them: an append now comes after its read.
 
 ``FALKIRK_HOLD_AT=<point>[@<N>]`` (with ``FALKIRK_HOLD_DIR=<folder>``) holds the process
 instead, the N-th time it reaches the point (any of the points above): it writes
@@ -37,7 +39,8 @@ import time
 from pathlib import Path
 
 POINTS = ("rollback:before-stop", "rollback:after-first-table", "writer:before-commit",
-          "writer:after-commit", "checkpoint:before-save", "runner:fence-checked")
+          "writer:after-commit", "checkpoint:before-save", "runner:fence-checked",
+          "log:before-compaction-commit")
 ENV = "FALKIRK_CRASH_AT"
 HOLD_ENV, HOLD_DIR_ENV = "FALKIRK_HOLD_AT", "FALKIRK_HOLD_DIR"
 

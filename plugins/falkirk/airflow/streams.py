@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from falkirk.config import Config, load
 from falkirk.model.topology import Pipeline
 from falkirk.runtime import procs
+
+if TYPE_CHECKING:
+    from falkirk.log.epochlog import EpochLog
 
 log = logging.getLogger(__name__)
 STREAM_ARGS: list[str] = []  # no idle timeout: a stream waits for input as long as it takes
@@ -67,12 +71,13 @@ def start_streams(pipeline: Pipeline, cfg: Config | None = None,
             for job in only if job not in alive}
 
 
-def dead_jobs(pipeline: Pipeline, cfg: Config | None = None, killed_only: bool = False
-              ) -> dict[str, list[str]]:
+def dead_jobs(pipeline: Pipeline, cfg: Config | None = None, killed_only: bool = False,
+              epoch_log: EpochLog | None = None) -> dict[str, list[str]]:
     """Stream jobs that are not running and did not finish: job -> its regions.
     ``killed_only``: only those killed or crashed (their latest row in the log of job runs
     is a start with no end, or a failure); not those never started nor those a rollback
-    stopped (``stopped``): they only need starting."""
+    stopped (``stopped``): they only need starting. ``epoch_log``: the caller's, kept
+    across its looks (a new one reads every file of the log of job runs again)."""
     if pause_marker(pipeline, cfg).exists():
         return {}
     alive = {info["job"] for info in procs.running(pipeline, cfg)}
@@ -81,7 +86,7 @@ def dead_jobs(pipeline: Pipeline, cfg: Config | None = None, killed_only: bool =
         return {}  # every job runs: the log of job runs is not read
     from falkirk.log.epochlog import EpochLog
 
-    runs = EpochLog.from_config(cfg or load()).job_runs(pipeline.name)  # once for all
+    runs = (epoch_log or EpochLog.from_config(cfg or load())).job_runs(pipeline.name)
     return {job: regions for job, regions in gone.items()
             if not finished_cleanly(pipeline, job, cfg, runs)
             and (not killed_only or (job in runs and runs[job]["status"] != "stopped"))}

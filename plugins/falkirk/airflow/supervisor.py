@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
@@ -20,6 +20,9 @@ from falkirk.model.topology import Pipeline, load_pipeline
 from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
 from falkirk.runtime import procs
 from falkirk.runtime.park import ENGINE_LOST_EXIT
+
+if TYPE_CHECKING:
+    from falkirk.log.epochlog import EpochLog
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +63,21 @@ def start(pipeline: str) -> dict[str, int]:
 
 
 def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
-                          say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                          say: Callable[[str], None] | None = None,
+                          epoch_log: EpochLog | None = None) -> dict[str, Any]:
     """Roll back the dead jobs' regions (as failed), restart every job stopped or moved,
     and rerun the batch epochs the rollback invalidated (as the rollback DAG does).
     A running job the rollback moves back parks in its warm driver and resumes by itself
     (:mod:`falkirk.runtime.park`; the config's ``park_moved_jobs``); one that does not
     park in time is stopped and restarted. ``say``: where progress goes (default: this
-    module's log)."""
+    module's log). ``epoch_log``: the watch's own, kept across its recoveries."""
     from falkirk.config import load
     from falkirk.local.engine import died
+    from falkirk.log.epochlog import EpochLog
     from falkirk.runtime.park import PARK_WAIT_S
 
     say = say or log.info
+    epoch_log = epoch_log or EpochLog.from_config()  # the rollback's and the stops' one
     stopped: list[str] = []
     cfg = load()
     engine_died = died(cfg)
@@ -82,12 +88,13 @@ def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
     starting = _start_engine_beside(cfg) if engine_died else None
 
     def stop(regions: set[str]) -> None:
-        stopped.extend(procs.stop_regions(pipe, regions, park_s=park_s))
+        stopped.extend(procs.stop_regions(pipe, regions, park_s=park_s, epoch_log=epoch_log))
 
     failed = sorted({r for regions in dead.values() for r in regions})
     request = RollbackRequest(pipe.name, failed=failed, dry_run=False,
                               reason=f"supervisor ({by}): job(s) {', '.join(sorted(dead))} died")
-    done = RollbackExecutor(pipe, stop_regions=stop).run(request, progress=say)
+    done = RollbackExecutor(pipe, epoch_log=epoch_log, stop_regions=stop
+                            ).run(request, progress=say)
     if starting is not None:
         starting.result()  # its error, if it failed to start, here and not in each job
         say("the Spark engine started again beside the rollback")
@@ -129,12 +136,15 @@ class PipelineSensor(BaseSensorOperator):
 WATCH_INTERVAL_S = 1.0
 
 
-def dead_or_finished(pipeline: Pipeline) -> dict[str, list[str]]:
+def dead_or_finished(pipeline: Pipeline, epoch_log: EpochLog | None = None
+                     ) -> dict[str, list[str]]:
     """One look at the stream jobs: the dead ones (job -> regions), or {} while they run.
     Pauses by a rollback run are not deaths. When every stream job has finished because its
-    input ended, the pipeline's standby drivers are stopped: nothing is left for them."""
+    input ended, the pipeline's standby drivers are stopped: nothing is left for them.
+    ``epoch_log``: the watch's own, kept across its looks."""
     running = procs.running(pipeline)  # one read of the pid files for this look
-    dead = with_the_engines_jobs(pipeline, streams.dead_jobs(pipeline), running)
+    dead = with_the_engines_jobs(pipeline, streams.dead_jobs(pipeline, epoch_log=epoch_log),
+                                 running)
     if not dead and not running and not streams.pause_marker(pipeline).exists():
         from falkirk.runtime import standby
 
@@ -204,11 +214,12 @@ class RestartBackoff:
                 self.failures.pop(job, None)
 
 
-def failed_on_their_own(pipeline: Pipeline, jobs: set[str]) -> set[str]:
+def failed_on_their_own(pipeline: Pipeline, jobs: set[str],
+                        epoch_log: EpochLog | None = None) -> set[str]:
     """Those of ``jobs`` whose latest row in the log of job runs is their own failure."""
     from falkirk.log.epochlog import EpochLog
 
-    runs = EpochLog.from_config().job_runs(pipeline.name)
+    runs = (epoch_log or EpochLog.from_config()).job_runs(pipeline.name)
     return {job for job in jobs if (runs.get(job) or {}).get("status") == "failed"
             and runs[job].get("exit_code") != ENGINE_LOST_EXIT}
 
@@ -249,17 +260,44 @@ class StreamDeathTrigger(BaseTrigger):
                 {"pipeline": self.pipeline, "interval_s": self.interval_s,
                  "recover": self.recover, "run_id": self.run_id})
 
+    #: How often the watch compacts the epoch log's tables (:meth:`EpochLog.compact`): each
+    #: append adds a file, and a restarted job reads every file of the tables it reads.
+    compact_every_s = 60.0
+
+    def _compact(self, epoch_log: EpochLog) -> None:
+        """Compact the log; a compaction that fails is only logged: the watch goes on."""
+        try:
+            folded = epoch_log.compact()
+        except Exception:  # the log is as it was: a compaction commits whole or not at all
+            self.log.exception("compacting the epoch log failed; tried again in %.0f s",
+                               self.compact_every_s)
+            return
+        if folded:
+            self.log.info("epoch log compacted (table: files folded): %s", folded)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from falkirk.log.epochlog import EpochLog
+
         pipeline = await asyncio.to_thread(load_pipeline, self.pipeline)  # once, not per look
+        # One epoch log for the watch's life: it keeps the rows it read, so a recovery
+        # reads only what was appended since the last one. A new reader each time opened
+        # every file of five log tables, ~1 s each at the hour's campaign's 700 appends,
+        # between a death and the stop of its regions (README, "Reading the epoch log").
+        epoch_log = EpochLog.from_config()
         backoff = RestartBackoff()
+        compacted = time.monotonic()
         while True:
-            dead = await asyncio.to_thread(dead_or_finished, pipeline)
+            if time.monotonic() - compacted >= self.compact_every_s:
+                await asyncio.to_thread(self._compact, epoch_log)
+                compacted = time.monotonic()
+            dead = await asyncio.to_thread(dead_or_finished, pipeline, epoch_log)
             if dead:
                 self.log.info("dead: %s", dead)
                 if not self.recover:
                     yield TaskSuccessEvent()  # recover looks again: no XCom (see there)
                     return
-                failed = await asyncio.to_thread(failed_on_their_own, pipeline, set(dead))
+                failed = await asyncio.to_thread(failed_on_their_own, pipeline, set(dead),
+                                                 epoch_log)
                 wait = backoff.delay(failed)
                 if wait:
                     self.log.warning("%s failed on its own again soon after its restart: "
@@ -267,7 +305,8 @@ class StreamDeathTrigger(BaseTrigger):
                     await asyncio.sleep(wait)
                 try:
                     out = await asyncio.to_thread(roll_back_and_restart, pipeline, dead,
-                                                  watch_by(self.run_id), self.log.info)
+                                                  watch_by(self.run_id), self.log.info,
+                                                  epoch_log)
                 except Exception:  # the recover task (and its retries) takes over
                     self.log.exception("recovering %s in the triggerer failed: ending the "
                                        "watch, the recover task takes over", sorted(dead))

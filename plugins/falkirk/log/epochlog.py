@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from falkirk.errors import FalkirkError
-from falkirk.io.lake import TABLE_CONFIGURATION, AppendOrder
+from falkirk.io.lake import COMPACT_MIN_FILES, TABLE_CONFIGURATION, AppendOrder
 from falkirk.model.schemas import arrow_schema
 from falkirk.model.times import DOMAINS, Domain, Offsets, is_whole_epoch, project, shift
 from falkirk.model.topology import Pipeline
@@ -37,6 +37,9 @@ from falkirk.regimes import REGIMES
 from falkirk.solver.frontier import Edge, Entry, Problem, Region
 
 STATUSES = ("running", "committed", "checkpointed", "invalidated", "quarantined")
+#: The log's tables (each append-only, one file an append).
+LOG_TABLES = ("epochs", "rollbacks", "fences", "leases", "job_runs", "ends", "bounds",
+              "collected", "checks")
 
 
 class EpochLogError(FalkirkError):
@@ -229,16 +232,35 @@ class EpochLog:
 
     # ---- reading --------------------------------------------------------------------
 
-    def _read(self, table: str, pipeline: str) -> list[dict]:
-        """A pipeline's rows of one log table, in the order they were appended."""
+    def _order(self, table: str) -> AppendOrder | None:
+        """The reader of one log table (kept: it keeps what it read), or None while the
+        table does not exist."""
         from deltalake import DeltaTable
 
         uri = self.uri(table)
         if table not in self._orders:
             if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
-                return []
+                return None
             self._orders[table] = AppendOrder(uri, self.storage_options)
-        return self._orders[table].read(filters=[("pipeline", "=", pipeline)])
+        return self._orders[table]
+
+    def _read(self, table: str, pipeline: str) -> list[dict]:
+        """A pipeline's rows of one log table, in the order they were appended."""
+        order = self._order(table)
+        return [] if order is None else order.read(filters=[("pipeline", "=", pipeline)])
+
+    def compact(self, min_files: int = COMPACT_MIN_FILES) -> dict[str, int]:
+        """Compact each log table of at least ``min_files`` files into one, keeping the
+        order of its rows (:meth:`falkirk.io.lake.AppendOrder.compact`): table -> files
+        folded. The streams supervisor's watch calls it as it goes, so a new reader of
+        the log opens at most about ``min_files`` files of each table, however long the
+        pipeline has run."""
+        folded = {}
+        for table in LOG_TABLES:
+            order = self._order(table)
+            if order is not None and (n := order.compact(min_files)) is not None:
+                folded[table] = n
+        return folded
 
     def records(self, pipeline: str) -> list[EpochRecord]:
         """Every row of a pipeline, in the order they were appended to the log."""

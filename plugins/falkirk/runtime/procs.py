@@ -16,9 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from falkirk.config import Config, load
 from falkirk.model.topology import Pipeline
+
+if TYPE_CHECKING:
+    from falkirk.log.epochlog import EpochLog
 
 logger = logging.getLogger("falkirk.runtime")
 
@@ -318,7 +322,7 @@ def stop_group(pgid: int, timeout_s: float = 30.0) -> None:
 
 
 def stop_regions(pipeline: Pipeline, regions: set[str], cfg: Config | None = None,
-                 park_s: float = 0.0) -> list[str]:
+                 park_s: float = 0.0, epoch_log: EpochLog | None = None) -> list[str]:
     """Stop every running job that hosts one of ``regions``; return the jobs stopped.
 
     With ``park_s`` (the regions are fenced already) a stream job is first given that
@@ -326,10 +330,10 @@ def stop_regions(pipeline: Pipeline, regions: set[str], cfg: Config | None = Non
     itself when the rollback is done, so it is neither stopped nor returned. Each stopped
     job gets a ``stopped`` row in the log of job runs: the supervisor must not take it for
     a death (and roll its regions back as failed) if the one who stopped it dies before
-    starting it again."""
+    starting it again. ``epoch_log``: the caller's (the rollback's), already read."""
     from falkirk.log.epochlog import EpochLog
 
-    log = EpochLog.from_config(cfg or load())
+    log = epoch_log or EpochLog.from_config(cfg or load())
     hosting = [info for info in running(pipeline, cfg) if set(info["regions"]) & regions]
     parked: set[str] = set()
     if park_s > 0:
