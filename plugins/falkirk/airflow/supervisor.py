@@ -245,7 +245,9 @@ class StreamDeathTrigger(BaseTrigger):
     recovered after a growing delay (:class:`RestartBackoff`). Should the recovery fail,
     the trigger ends the watch and the ``recover`` task, with its retries, takes over.
     Without ``recover`` it ends the watch on the first death (``TaskSuccessEvent``: no
-    worker resumes it) for ``recover``."""
+    worker resumes it) for ``recover``. It keeps one epoch log for its life, and compacts
+    the log's tables between its looks (``compact_every_s``), so neither its recoveries
+    nor the jobs they restart read every append the pipeline ever made."""
 
     def __init__(self, pipeline: str, interval_s: float = WATCH_INTERVAL_S,
                  recover: bool = False, run_id: str = ""):
