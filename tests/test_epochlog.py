@@ -200,13 +200,8 @@ def test_a_clock_stepped_back_cannot_reorder_the_log(tmp_path):
     assert [r["rollback_id"] for r in log.rollbacks("small")] == ["r2", "r1"]
 
 
-def test_a_read_opens_only_the_files_added_since_the_last_one(tmp_path, monkeypatch):
-    """Delta data files never change, so a reader keeps the rows of each file it read: a
-    later read opens only the files appended since (the log is read every epoch by every
-    job, and was read whole each time: 0.73 s of CPU a read at 700 appends).
-    Files a restore (or compaction) took out of the table drop out of the reads."""
-    from deltalake import DeltaTable
-
+def _files_opened(monkeypatch) -> list[str]:
+    """The list every file a log reader opens from now on is added to."""
     from falkirk.io import lake
 
     opened: list[str] = []
@@ -217,6 +212,17 @@ def test_a_read_opens_only_the_files_added_since_the_last_one(tmp_path, monkeypa
         return real(files, **kwargs)
 
     monkeypatch.setattr(lake.ds, "dataset", spy)
+    return opened
+
+
+def test_a_read_opens_only_the_files_added_since_the_last_one(tmp_path, monkeypatch):
+    """Delta data files never change, so a reader keeps the rows of each file it read: a
+    later read opens only the files appended since (the log is read every epoch by every
+    job, and was read whole each time: 0.73 s of CPU a read at 700 appends).
+    Files a restore (or compaction) took out of the table drop out of the reads."""
+    from deltalake import DeltaTable
+
+    opened = _files_opened(monkeypatch)
     log = EpochLog(str(tmp_path / "log"))
     for k in range(3):
         log.record(EpochRecord("small", "popularity", k, 0, "committed"))
@@ -310,14 +316,7 @@ def test_a_compacted_log_table_keeps_its_rows_in_their_order_in_one_file(tmp_pat
     before = _rows(kept)
     assert log.compact(min_files=100) == {}  # too few files yet: nothing changes
     assert log.compact(min_files=3) == {"epochs": 7}  # rollbacks has one file: left
-    opened: list[str] = []
-    real = lake.ds.dataset
-
-    def spy(files, **kwargs):
-        opened.extend(files)
-        return real(files, **kwargs)
-
-    monkeypatch.setattr(lake.ds, "dataset", spy)
+    opened = _files_opened(monkeypatch)
     commits: list[int] = []
     commit = lake.DeltaLogReader.commit
 
