@@ -249,6 +249,10 @@ def generate(*args: Any, **kwargs: Any) -> tuple[list[Record], list[Record]]:
 # --- producing to Kafka --------------------------------------------------------------
 
 
+#: How long a record may wait for the broker before the producer gives it up (30 min).
+DELIVERY_TIMEOUT_MS = 30 * 60 * 1000
+
+
 def produce(
     bootstrap: str,
     topic_events: str,
@@ -283,6 +287,11 @@ def produce(
         acks="all",
         linger_ms=5 if rate is not None else 20,
         batch_size=256 * 1024,
+        # A live source keeps its records until the broker takes them. With the defaults
+        # (120 s, reconnects backing off to 30 s) a burst of broker kills in the hour's
+        # campaign expired a batch of 217 records and failed the run at its end.
+        delivery_timeout_ms=DELIVERY_TIMEOUT_MS,
+        reconnect_backoff_max_ms=1000,
     )
     futures = []
     try:
@@ -302,7 +311,7 @@ def produce(
         producer.close()
     sent: dict[str, dict[int, int]] = {topic_events: {}, topic_queries: {}}
     for topic, future in futures:
-        meta = future.get(timeout=60)  # raises the send's error, if any
+        meta = future.get(timeout=DELIVERY_TIMEOUT_MS / 1000)  # raises the send's error
         sent[topic][meta.partition] = sent[topic].get(meta.partition, 0) + 1
     return sent
 
