@@ -65,8 +65,11 @@ def start_streams(pipeline: Pipeline, cfg: Config | None = None,
     every run). ``only`` names jobs to start even so: those a rollback moved back."""
     alive = {info["job"] for info in procs.running(pipeline, cfg)}
     if only is None:
+        from falkirk.log.epochlog import EpochLog
+
+        runs = EpochLog.from_config(cfg or load()).job_runs(pipeline.name)  # once for all
         only = [job for job in stream_jobs(pipeline)
-                if not finished_cleanly(pipeline, job, cfg)]
+                if not finished_cleanly(pipeline, job, cfg, runs)]
     return {job: procs.start_job(pipeline, job, STREAM_ARGS, cfg).pid
             for job in only if job not in alive}
 
