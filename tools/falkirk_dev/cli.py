@@ -77,6 +77,7 @@ BENCHES = {
     "hosting": ("hosting", True),
     "driver": ("driver_start", True),
     "log": ("log_bench", True),
+    "broker": ("broker_bench", True),
     "all": ("all_bench", True),
 }
 

@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
-from falkirk.io.kafka import ensure_topics
+from falkirk.io.kafka import CLIENT_CONFIG, ensure_topics
 
 Record = tuple[bytes, bytes, int]  # (key, value, timestamp_ms)
 
@@ -291,7 +291,7 @@ def produce(
         # (120 s, reconnects backing off to 30 s) a burst of broker kills in the hour's
         # campaign expired a batch of 217 records and failed the run at its end.
         delivery_timeout_ms=DELIVERY_TIMEOUT_MS,
-        reconnect_backoff_max_ms=1000,
+        **CLIENT_CONFIG,
     )
     futures = []
     try:

@@ -174,6 +174,17 @@ TOPIC_CONFIGS = {
 }
 
 
+#: Every kafka-python client of falkirk reconnects to a restarted broker within a second.
+#: kafka-python backs off up to 30 s between attempts (the Java client: 1 s); in the fault
+#: campaign a job's cut then waited up to 30 s more after its broker was back.
+CLIENT_CONFIG: dict[str, Any] = {"reconnect_backoff_max_ms": 1000}
+
+#: One question to the broker (a cut, an offset look-up) gives up after this long, and
+#: :func:`broker_retry` asks again on a fresh attempt. kafka-python's default is its
+#: request timeout, 30 s, which a question asked while the broker restarts waited out.
+QUESTION_TIMEOUT_MS = 5000
+
+
 def ensure_topics(bootstrap: str, topics: dict[str, int], outputs: bool = False) -> None:
     """Create the topics that do not exist with their declared partitions (with
     :data:`TOPIC_CONFIGS`, and the profile's ``topic_replication``: 3 replicas on a
@@ -190,7 +201,8 @@ def ensure_topics(bootstrap: str, topics: dict[str, int], outputs: bool = False)
     from falkirk.config import load
 
     replicas = load().topic_replication
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="falkirk-topics")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="falkirk-topics",
+                             **CLIENT_CONFIG)
     try:
         for name, partitions in topics.items():
             try:
@@ -217,12 +229,14 @@ def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                             enable_auto_commit=False, client_id="falkirk-bound")
+                             enable_auto_commit=False, client_id="falkirk-bound",
+                             **CLIENT_CONFIG)
     try:
         parts = consumer.partitions_for_topic(topic)
         if not parts:
             raise KafkaIOError(f"topic {topic!r} does not exist on {bootstrap}")
-        ends = consumer.end_offsets([TopicPartition(topic, p) for p in sorted(parts)])
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in sorted(parts)],
+                                   timeout_ms=QUESTION_TIMEOUT_MS)
         return {str(tp.partition): offset for tp, offset in ends.items()}
     finally:
         consumer.close()
@@ -338,7 +352,8 @@ def commit_group_offsets(bootstrap: str, topic: str, group: str, offsets: Offset
         return
     @broker_retry
     def commit() -> None:  # the same positions again: safe to repeat
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="falkirk-gc")
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="falkirk-gc",
+                                 **CLIENT_CONFIG)
         try:
             result = admin.alter_group_offsets(group, wanted)
         finally:

@@ -245,7 +245,7 @@ class LocalRun:
         """
         from kafka import KafkaProducer
 
-        from falkirk.io.kafka import ensure_topics
+        from falkirk.io.kafka import CLIENT_CONFIG, ensure_topics
 
         inputs = {e.topic: e.partitions for e in self.pipeline.edges.values()
                   if e.kind == "kafka" and e.src is None}
@@ -255,7 +255,7 @@ class LocalRun:
                                 f"{', '.join(str(folder / f'{t}.jsonl') for t in missing)}")
         ensure_topics(self.cfg.kafka_bootstrap, inputs)
         producer = KafkaProducer(bootstrap_servers=self.cfg.kafka_bootstrap, acks="all",
-                                 client_id="falkirk-run")
+                                 client_id="falkirk-run", **CLIENT_CONFIG)
         sent: dict[str, int] = {}
         try:
             for topic, partitions in inputs.items():

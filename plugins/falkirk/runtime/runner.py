@@ -44,7 +44,7 @@ import pyarrow as pa
 from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
 from falkirk.faults import maybe_hold
-from falkirk.io.kafka import broker_retry
+from falkirk.io.kafka import CLIENT_CONFIG, QUESTION_TIMEOUT_MS, broker_retry
 from falkirk.io.spark import (
     current_group,
     cut_lineage,
@@ -136,7 +136,8 @@ class KafkaCut:
         from kafka import KafkaConsumer
 
         consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                 enable_auto_commit=False, client_id="falkirk-cut")
+                                 enable_auto_commit=False, client_id="falkirk-cut",
+                                 **CLIENT_CONFIG)
         try:
             return consumer, consumer.partitions_for_topic(topic)
         except Exception:
@@ -146,7 +147,8 @@ class KafkaCut:
     @broker_retry
     def beginning(self) -> Offsets:
         return Offsets({str(tp.partition): o
-                        for tp, o in self.consumer.beginning_offsets(self.tps).items()})
+                        for tp, o in self.consumer.beginning_offsets(
+                            self.tps, timeout_ms=QUESTION_TIMEOUT_MS).items()})
 
     @broker_retry
     def cut(self, end_ms: int, bound: Offsets | None = None) -> Offsets | None:
@@ -154,7 +156,8 @@ class KafkaCut:
 
         With a ``bound`` (a bounded run), a partition with no record at or after the end is
         complete at its bound, and no cut goes past it."""
-        found = self.consumer.offsets_for_times({tp: end_ms for tp in self.tps})
+        found = self.consumer.offsets_for_times({tp: end_ms for tp in self.tps},
+                                               timeout_ms=QUESTION_TIMEOUT_MS)
         cut = {}
         for tp, v in found.items():
             p = str(tp.partition)
