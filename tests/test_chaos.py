@@ -366,6 +366,42 @@ def test_a_steady_input_closes_each_epoch_when_its_next_records_are_due(broker):
         assert times[0] < times[2]  # spread over the production, not all at its end
 
 
+def test_a_record_the_broker_stored_twice_is_told_from_a_loss_and_dead_letters_compare_as_sent(
+        broker):
+    """The campaign reads its input topics back (the real broker) against the records
+    sent: a record stored twice is an extra copy at its offset, a record sent but absent
+    is missing, and the dead letters compare as the input sent would have given them:
+    the copy's dropped, later offsets in its partition moved back by one."""
+    from kafka import KafkaProducer
+
+    from falkirk.io.kafka import ensure_topics
+    from falkirk_dev.harness import compare, input_as_stored
+
+    topic = "stored-twice"
+    ensure_topics(broker.bootstrap, {topic: 1})
+    sent = [(b"k%d" % i, b"v%d" % i, 1_000 + i) for i in range(4)]
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+    for key, value, ts in [sent[0], sent[1], sent[1], sent[2]]:  # the 2nd stored twice,
+        producer.send(topic, key=key, value=value, timestamp_ms=ts, partition=0).get(30)
+    producer.close()  # and the 4th never arrives
+
+    stored = input_as_stored(broker.bootstrap, {topic: sent})
+    assert stored.extra == {(topic, 0): [2]} and stored.stored_twice == 1
+    assert stored.missing == 1
+
+    def letter(offset: int, raw: str) -> dict:
+        return {"epoch": 0, "source": topic, "partition": 0, "offset": offset, "raw": raw,
+                "reason": "malformed"}
+
+    golden = {"dead_letters": [letter(1, "v1"), letter(2, "v2")]}
+    as_stored = [letter(1, "v1"), letter(2, "v1"), letter(3, "v2")]
+    assert compare(golden, {"dead_letters": as_stored})["dead_letters"] == {
+        "rows": 2, "lost": 1, "duplicated": 2}  # by offset: as a loss and duplicates
+    assert stored.as_sent(as_stored) == golden["dead_letters"]
+    assert compare(golden, {"dead_letters": stored.as_sent(as_stored)})["dead_letters"] == {
+        "rows": 2, "lost": 0, "duplicated": 0}
+
+
 def test_a_batch_task_failed_for_good_fails_the_campaign_though_its_run_succeeded():
     """The campaign marks each batch run's data_checks skipped, so a run whose epoch task
     failed for good still ends `success`; the 30-minute campaign then waited forever for

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,13 @@ class SteadyInput:
         return max(times)
 
     @property
+    def sent_records(self) -> dict[str, list[tuple[bytes, bytes, int]]]:
+        """Per input topic, the records sent to it: ``(key, value, timestamp_ms)``."""
+        from falkirk_dev import generate as G
+
+        return {G.EVENTS_TOPIC: self.generated.events, G.QUERIES_TOPIC: self.generated.queries}
+
+    @property
     def done(self) -> bool:
         """All of it produced and bounded."""
         self.check()
@@ -268,6 +276,57 @@ def generate_args(pipeline: Pipeline, **options: Any):
     s = pipeline.settings
     return argparse.Namespace(**{"origin": s.get("origin_ms"),
                                  "epoch_seconds": s.get("epoch_seconds", 10), **options})
+
+
+@dataclass
+class InputAsStored:
+    """The input topics as the broker stored them, against what was produced: the offsets
+    of records stored more often than sent (per topic and partition), and the count of
+    sent records the topics lack."""
+
+    extra: dict[tuple[str, int], list[int]]
+    missing: int
+
+    @property
+    def stored_twice(self) -> int:
+        return sum(len(v) for v in self.extra.values())
+
+    def as_sent(self, dead_letters: list[dict]) -> list[dict]:
+        """Dead letters as the input sent would have given them: a copy's own dropped,
+        the offsets after copies in its partition moved back by their number (a dead
+        letter names its record's offset)."""
+        out = []
+        for row in dead_letters:
+            copies = self.extra.get((row["source"], row["partition"]), [])
+            if row["offset"] in copies:
+                continue
+            out.append({**row, "offset": row["offset"]
+                        - sum(1 for o in copies if o < row["offset"])})
+        return out
+
+
+def input_as_stored(bootstrap: str, sent: dict[str, list[tuple[bytes, bytes, int]]]
+                    ) -> InputAsStored:
+    """Compare each input topic with the records sent to it, ``(key, value, timestamp)``.
+
+    A broker killed while a producer's batch was in flight can store that batch twice (seen
+    once in an hour of broker kills: the same producer id and sequence at two offsets,
+    across a leader-epoch change). Then the input itself differs from a failure-free
+    run's, and every dead letter after the copy names an offset one later."""
+    from collections import Counter
+
+    extra: dict[tuple[str, int], list[int]] = {}
+    missing = 0
+    for topic, records in sent.items():
+        left = Counter(records)
+        for r in each_message(bootstrap, topic):
+            record = (r.key, r.value, r.timestamp)
+            if left[record] > 0:
+                left[record] -= 1
+            else:
+                extra.setdefault((topic, r.partition), []).append(r.offset)
+        missing += sum(left.values())
+    return InputAsStored(extra, missing)
 
 
 def compare(golden: dict[str, Any], other: dict[str, Any]) -> dict[str, dict[str, int]]:
