@@ -338,6 +338,44 @@ def test_a_compacted_log_table_keeps_its_rows_in_their_order_in_one_file(tmp_pat
     assert _rows(EpochLog(root)) == _rows(kept) == after
 
 
+def test_a_compaction_deletes_the_files_earlier_ones_took_out_once_an_hour_old(
+        tmp_path, monkeypatch):
+    """The files a compaction folds stay on disk (a reader that listed them a moment ago
+    still opens them) until a later compaction finds them taken out an hour or more
+    before: then they are deleted, and only the live files are left. Every reader, new
+    or kept, reads the same rows throughout."""
+    from deltalake import DeltaTable
+
+    from falkirk.io import lake
+
+    root = str(tmp_path / "log")
+    log, kept = EpochLog(root), EpochLog(root)
+    for k in range(6):
+        log.record(EpochRecord("small", "popularity", k, 0, "committed"))
+    table_dir = tmp_path / "log" / "epochs"
+
+    def on_disk() -> set[str]:
+        return {p.name for p in table_dir.glob("*.parquet")}
+
+    def live() -> set[str]:
+        return {u.rsplit("/", 1)[-1] for u in DeltaTable(str(table_dir)).file_uris()}
+
+    before = _rows(kept)
+    assert log.compact(min_files=3) == {"epochs": 6}
+    assert len(on_disk()) == 7 and len(live()) == 1  # taken out just now: kept
+    log.record(EpochRecord("small", "popularity", 6, 0, "committed"))
+    log.record(EpochRecord("small", "popularity", 7, 0, "committed"))
+    monkeypatch.setattr(lake, "VACUUM_AFTER_HOURS", 0)  # as if an hour had passed
+    assert log.compact(min_files=3) == {"epochs": 3}
+    assert on_disk() == live() and len(live()) == 1
+    after = before + [("small", "popularity", 6, "committed"),
+                      ("small", "popularity", 7, "committed")]
+    assert _rows(EpochLog(root)) == _rows(kept) == after
+    log.record(EpochRecord("small", "popularity", 8, 0, "committed"))  # and appends go on
+    assert _rows(EpochLog(root)) == _rows(kept) == after + [("small", "popularity", 8,
+                                                              "committed")]
+
+
 def test_an_append_during_a_compaction_is_neither_lost_nor_put_before_what_it_read(
         tmp_path, monkeypatch):
     """Forced interleaving: a compaction read the table, and before it commits the file

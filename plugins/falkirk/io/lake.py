@@ -9,6 +9,7 @@ listed) and exits cleanly. Light on imports: no Spark.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -39,6 +40,11 @@ LOG_DIR = "_delta_log"
 COMPACTED_THROUGH = "falkirk.compactedThrough"
 #: An append-only table is compacted once it has this many files (each append adds one).
 COMPACT_MIN_FILES = 64
+#: A compaction deletes the files earlier compactions took out of the table this many
+#: hours before (Delta's VACUUM; only those files: it never lists files no commit names).
+#: A reader opens the files of the version it just read within seconds, so an hour is
+#: ample; without it a pipeline that runs for weeks keeps every one-row file it appended.
+VACUUM_AFTER_HOURS = 1
 
 
 class TableSchemaError(FalkirkError, ValueError):
@@ -275,7 +281,17 @@ class AppendOrder:
                         custom_metadata={COMPACTED_THROUGH: read}, max_commit_retries=0))
             except CommitFailedError:
                 return None
+            self._vacuum()
             return folded
+
+    def _vacuum(self) -> None:
+        """Delete the files compactions took out at least :data:`VACUUM_AFTER_HOURS` ago."""
+        from deltalake.exceptions import CommitFailedError
+
+        # (its log entry losing a race to an append: the next compaction's vacuum)
+        with contextlib.suppress(CommitFailedError):
+            self.log.table().vacuum(retention_hours=VACUUM_AFTER_HOURS, dry_run=False,
+                                    enforce_retention_duration=False)
 
     def _read(self, filters: list[tuple[str, str, Any]] | None) -> list[dict]:
         table = self.log.table()
