@@ -102,6 +102,21 @@ def test_a_short_log_run_reports_both_reads_and_they_agree(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_short_broker_run_times_each_kill_of_both_settings_and_keeps_every_record(tmp_path):
+    """``falkirk bench broker``'s short variant: one SIGKILL of the real broker per setting,
+    each timed to the broker's, a kept consumer's and a kept producer's answers (in that
+    order), and every acknowledged record stored once (the benchmark asserts it)."""
+    from falkirk_dev.bench.broker_bench import main
+
+    out = tmp_path / "broker.json"
+    main(Namespace(events=1, json=str(out)))
+    figures = json.loads(out.read_text())
+    for setting in ("defaults", "falkirk"):
+        [kill] = figures[setting]["kills"]
+        assert 0 < kill["restart_s"] <= kill["cut_s"] <= kill["produce_s"], figures
+    assert set(figures["ratio"]) == {"restart_s", "cut_s", "produce_s"}
+
+@pytest.mark.slow
 def test_a_short_delta_run_reads_every_version_both_ways_alike():
     """``falkirk bench delta``'s short variant: each version read by delta-spark's
     versionAsOf and by its file list counts the same rows (the benchmark asserts it), and

@@ -13,8 +13,9 @@ Two settings, alternately in one run, each on a fresh broker:
 Per kill: seconds until the restarted broker answers metadata (``restart``), until a
 consumer kept from before the kill answers a cut (``offsets_for_times``, asked again after
 each timeout as :func:`falkirk.io.kafka.broker_retry` does), and until a kept producer's
-record is acknowledged. Printed: medians per setting and their ratio; ``--json`` writes
-them with every kill's figures.
+record is acknowledged; at the end the topic holds every acknowledged record once.
+Printed: medians per setting and their ratio; ``--json`` writes them with every kill's
+figures.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-from falkirk.io.kafka import CLIENT_CONFIG, QUESTION_TIMEOUT_MS, ensure_topics
+from falkirk.io.kafka import CLIENT_CONFIG, QUESTION_TIMEOUT_MS, end_offsets, ensure_topics
 from falkirk.local.broker import LocalBroker
 
 TOPIC = "bench"
@@ -78,6 +79,8 @@ def _kills(broker: LocalBroker, client: dict, timeout_ms: int | None, kills: int
             say(f"    kill {len(out)}/{kills}: restart {restart:.1f} s, cut {cut:.1f} s, "
                 f"produce {produce:.1f} s")
             time.sleep(2)  # the next kill hits a broker that settled, as the campaign's
+        stored = sum(end_offsets(broker.bootstrap, TOPIC).values())
+        assert stored == kills + 1, f"{stored} records stored, {kills + 1} acknowledged"
         return out
     finally:
         producer.close(timeout=5)
