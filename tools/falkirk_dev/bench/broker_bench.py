@@ -2,7 +2,7 @@
 
 Run: ``falkirk bench broker`` (``--events N``: kills per setting, default 4). The fault
 campaign kills the broker every few minutes; every job waits for it before its next cut.
-Two settings, alternately in one run, each on a fresh broker:
+Two settings, one after the other in one run, each on a fresh broker:
 
 * ``defaults``: Kafka's controller lease (``broker.session.timeout.ms`` 9 s) and
   kafka-python's clients as they come (reconnects backing off to 30 s, a question
@@ -11,8 +11,8 @@ Two settings, alternately in one run, each on a fresh broker:
   with :data:`falkirk.io.kafka.CLIENT_CONFIG` and :data:`~falkirk.io.kafka.QUESTION_TIMEOUT_MS`.
 
 Per kill: seconds until the restarted broker answers metadata (``restart``), until a
-consumer kept from before the kill answers a cut (``offsets_for_times``, asked again after
-each timeout as :func:`falkirk.io.kafka.broker_retry` does), and until a kept producer's
+consumer kept from before the kill answers a cut (``offsets_for_times`` under
+:func:`falkirk.io.kafka.broker_retry`, as a job asks it), and until a kept producer's
 record is acknowledged; at the end the topic holds every acknowledged record once.
 Printed: medians per setting and their ratio; ``--json`` writes them with every kill's
 figures.
@@ -27,7 +27,13 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-from falkirk.io.kafka import CLIENT_CONFIG, QUESTION_TIMEOUT_MS, end_offsets, ensure_topics
+from falkirk.io.kafka import (
+    CLIENT_CONFIG,
+    QUESTION_TIMEOUT_MS,
+    broker_retry,
+    end_offsets,
+    ensure_topics,
+)
 from falkirk.local.broker import LocalBroker
 
 TOPIC = "bench"
@@ -65,12 +71,7 @@ def _kills(broker: LocalBroker, client: dict, timeout_ms: int | None, kills: int
             t0 = time.monotonic()
             broker.restart(crash=True)
             restart = time.monotonic() - t0
-            while True:  # as broker_retry asks again after a timeout
-                try:
-                    consumer.offsets_for_times(tps, timeout_ms=timeout_ms)
-                    break
-                except Exception:  # noqa: BLE001 - a timeout while the broker recovers
-                    continue
+            broker_retry(consumer.offsets_for_times)(tps, timeout_ms=timeout_ms)  # a job's
             cut = time.monotonic() - t0
             producer.send(TOPIC, b"after").get(timeout=120)
             produce = time.monotonic() - t0
