@@ -581,7 +581,9 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         outputs, stored = demo.run.outputs(), None
         if demo.steady is not None:  # produced while the broker was killed: as stored?
             stored = input_as_stored(demo.run.cfg.kafka_bootstrap, demo.steady.sent_records)
-            outputs["dead_letters"] = stored.as_sent(outputs.get("dead_letters", []))
+            pipeline = demo.run.pipeline
+            for edge in filter(None, map(pipeline.dead_letter_edge, pipeline.regions)):
+                outputs[edge.table] = stored.as_sent(outputs.get(edge.table, []))
         report = compare(golden, outputs)
         sent = demo.run.sent()
         failed = False

@@ -119,9 +119,7 @@ def main(args: Namespace) -> None:
         print(f"{name:9s} median: answers metadata {f['restart_s']:.1f} s, a kept consumer's "
               f"cut {f['cut_s']:.1f} s, a kept producer's record {f['produce_s']:.1f} s")
     print(f"ratio falkirk/defaults: {figures['ratio']}")
-    print(json.dumps({k: v for k, v in figures.items()
-                      if k not in ("defaults", "falkirk")}
-                     | {n: {k: v for k, v in figures[n].items() if k != "kills"}
-                        for n in ("defaults", "falkirk")}))
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "kills"}
+                      if k in ("defaults", "falkirk") else v for k, v in figures.items()}))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
