@@ -210,19 +210,22 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json()))
         return 0
     from rich.console import Console
+    from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]garbage collection of {pipeline.name}[/bold] "
-                  + ("(applied)" if args.apply else "(dry run: nothing changed; --apply to do it)"))
+    title = (f"garbage collection of {pipeline.name} "
+             + ("(applied)" if args.apply else "(dry run: nothing changed; --apply to do it)"))
+    table = Table(title=title, title_justify="left")
+    for col in ("store", "name", "rows", "files", "bytes", "rule"):
+        table.add_column(col)
+    for item in report.items:
+        table.add_row(item.store, item.name, f"{item.rows:,}", f"{item.files:,}",
+                      f"{item.bytes:,}", item.rule)
+    console.print(table if report.items else f"{title}: nothing to remove")
     console.print(f"low watermarks: {json.dumps(report.watermarks)}")
-    for region, keep in report.checkpoints.items():
-        console.print(f"  {region}: keep checkpoints from {keep}")
-    for table, epoch in report.deleted_through.items():
-        console.print(f"  {table}: rows of epochs ≤ {epoch} no longer needed")
-    for topic, offsets in report.acknowledged.items():
-        console.print(f"  {topic}: acknowledge offsets {offsets}")
-    for table, n in report.vacuumed.items():
-        console.print(f"  {table}: vacuumed {n} file(s)")
+    if report.kept_tables:
+        console.print(f"tables kept whole (products; declare retain_epochs on an edge to "
+                      f"make one a log): {', '.join(report.kept_tables)}")
     return 0
 
 

@@ -135,15 +135,24 @@ Only one rollback runs at a time.
 GC_DOC = """
 # Garbage collection of the `{p}` pipeline
 
-Hourly: compute every region's low watermark (how far back any future failure could take
-it), then drop what no rollback can need: checkpoints older than the newest one at or
-below the watermark, rows of logged Delta edges the receiver has passed, Kafka offsets
-acknowledged for the input topics, and Delta files no retained version uses (vacuum keeps
-files younger than an hour, so a writer in the middle of a commit is safe). The task's
-XCom is the report.
+Created **paused**: unpause it to collect hourly (no catch-up), or trigger one run.
+Computes every region's low watermark (how far back any future failure could take it),
+then drops only what falkirk owns or what the pipeline declares a log:
 
-No params. `falkirk gc --pipeline {p}` (a dry run by default) shows the same report
-without applying it.
+- checkpoint layers older than the newest checkpoint at or below the watermark (and
+  `retain_checkpoints` older ones);
+- rows of tables declared logs (`retain_epochs: N` on an edge) that every receiver has
+  passed and that are older than the newest N epochs; **every other table is a product:
+  none of its rows is deleted**;
+- data files no version of a table's log references (writes killed before their commit),
+  older than an hour; time travel on tables follows Delta's own retention;
+- the input topics' consumer-group offsets are acknowledged (their retention stays theirs).
+
+The task's log and XCom itemise what was removed: per table, region and topic, its rows,
+files and bytes and the rule that allowed it.
+
+No params. `falkirk gc --pipeline {p}` (a dry run by default) shows the same items
+without removing anything.
 """
 
 
@@ -268,11 +277,13 @@ def gc_dag(pipeline: Pipeline) -> DAG:
     p = pipeline.name
     with DAG(
         dag_id=names.gc(p),
-        description=f"Low watermarks of {p}; drop checkpoints, logged rows, offsets, files",
+        description=f"Low watermarks of {p}; drop old checkpoints, rows of declared logs, "
+                    "orphan files; acknowledge input",
         doc_md=GC_DOC.format(p=p),
         schedule="@hourly",
         start_date=datetime(2024, 1, 1, tzinfo=UTC),
         catchup=False,
+        is_paused_upon_creation=True,  # removes data: an operator turns it on
         max_active_runs=1,
         default_args=DEFAULT_ARGS,
         tags=[*TAGS, "maintenance", p],

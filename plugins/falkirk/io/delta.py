@@ -18,7 +18,7 @@ writers are fenced and stopped, so no commit of the other engine can race it:
   :func:`read_appends` reads only the rows one epoch appended: the files its commit
   added.
 * :func:`vacuum_orphans` removes data files no kept version references (a write killed
-  before its commit leaves such files).
+  before its commit leaves such files); :func:`orphan_files` lists them with their sizes.
 """
 
 from __future__ import annotations
@@ -382,32 +382,31 @@ def rollback_table(table_uri: str, to_version: int,
     raise RestoreError(f"RESTORE of {table_uri} to {to_version} not found in its log")
 
 
-def vacuum_orphans(
+def orphan_files(
     table_uri: str,
-    retention_hours: int | None = None,
+    retention_hours: float | None = None,
     *,
     keep_from_version: int | None = None,
-    dry_run: bool = False,
     storage_options: dict[str, str] | None = None,
-) -> list[str]:
-    """Delete data files no kept version references (a write killed before its commit
-    leaves such files); return them, relative to the table root.
+) -> dict[str, int]:
+    """Data files no kept version references, older than ``retention_hours`` (default
+    168): relative path -> bytes.
 
-    Every version from ``keep_from_version`` (default: every version still in the log)
-    stays readable, so rolled-back versions can still be time-travelled to. A file is only
-    deleted once older than ``retention_hours`` (default 168): a writer between its file
-    write and its commit has orphans too until it commits. Files only: the table's log is
-    not written (data tables are written by delta-spark; delta-rs only restores them).
+    Every version from ``keep_from_version`` (default: the oldest still in the log) stays
+    readable: the files live at that version and every file a later commit added are
+    kept (one table load and one read of each later commit file, not a load per version).
+    A writer between its file write and its commit has such files too until it commits:
+    hence the retention.
     """
     log = DeltaLogReader(table_uri, storage_options)
     latest = log.table().version()
     first = _earliest_log_version(log.fs) if keep_from_version is None else keep_from_version
-    kept: set[str] = set()
-    for version in range(first, latest + 1):
-        table = RsTable(table_uri, version=version, storage_options=storage_options)
-        kept.update(_relative(table_uri, uri) for uri in table.file_uris())
+    first = min(max(first, 0), latest)
+    kept = {_relative(table_uri, uri) for uri in
+            RsTable(table_uri, version=first, storage_options=storage_options).file_uris()}
+    kept.update(log.add_versions(first, latest))
     horizon = time.time() - 3600 * (168 if retention_hours is None else retention_hours)
-    removed = []
+    found: dict[str, int] = {}
     for info in log.fs.get_file_info(pafs.FileSelector("", recursive=True)):
         path = info.path.lstrip("/")
         top = path.split("/", 1)[0]
@@ -416,13 +415,32 @@ def vacuum_orphans(
             continue
         if info.mtime_ns is not None and info.mtime_ns / 1e9 > horizon:
             continue
-        removed.append(path)
-        if not dry_run:
-            log.fs.delete_file(path)
-    local = local_path(table_uri)
-    if local is not None and not dry_run:
-        _remove_empty_folders(local)
-    return sorted(removed)
+        found[path] = info.size or 0
+    return found
+
+
+def vacuum_orphans(
+    table_uri: str,
+    retention_hours: float | None = None,
+    *,
+    keep_from_version: int | None = None,
+    dry_run: bool = False,
+    storage_options: dict[str, str] | None = None,
+) -> list[str]:
+    """Delete the :func:`orphan_files` of a table; return them, relative to the table root.
+
+    Files only: the table's log is not written (data tables are written by delta-spark;
+    delta-rs only restores them), so time travel to every kept version still works."""
+    found = orphan_files(table_uri, retention_hours, keep_from_version=keep_from_version,
+                         storage_options=storage_options)
+    if not dry_run:
+        fs = DeltaLogReader(table_uri, storage_options).fs
+        for path in found:
+            fs.delete_file(path)
+        local = local_path(table_uri)
+        if local is not None:
+            _remove_empty_folders(local)
+    return sorted(found)
 
 
 def _relative(table_uri: str, uri: str) -> str:

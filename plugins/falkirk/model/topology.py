@@ -68,7 +68,9 @@ class RegionSpec:
     stateful: bool = False  # keeps state between epochs (lazy and eager regions do)
     checkpoint_every: int | None = None  # K: a lazy region checkpoints every K epochs
     checkpoint_seconds: float | None = None  # or every T seconds
-    retain_checkpoints: int = 3  # lazy checkpoints kept beyond what the low watermark needs
+    # Checkpoints garbage collection keeps older than the newest one at or below the
+    # region's low watermark (the oldest a rollback can need).
+    retain_checkpoints: int = 3
     options: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     @property
@@ -104,6 +106,11 @@ class EdgeSpec:
     # sender appended for that epoch, followed through Delta's streaming source (for a
     # region that reads a growing table continuously and needs each epoch's increment).
     read: str = "snapshot"
+    # A Delta table is a product: garbage collection never deletes its rows. Declaring
+    # ``retain_epochs: N`` makes it a log between regions: rows of epochs every receiver
+    # has passed for good (below its low watermark) and older than the sender's newest N
+    # epochs may be deleted (docs/pipeline-yaml.md, "Garbage collection").
+    retain_epochs: int | None = None
 
     @property
     def table_schema(self) -> str:
@@ -138,6 +145,12 @@ class Pipeline:
         return all(e.logged and (e.src is None or (
             job is not None and self.regions[e.src].job != job))
             for e in self.in_edges(region))
+
+    def log_tables(self) -> dict[str, int]:
+        """Tables declared logs (``retain_epochs`` on an edge of theirs) -> epochs kept:
+        the only tables whose rows garbage collection may delete."""
+        return {e.table: e.retain_epochs for e in self.edges.values()
+                if e.kind == "delta" and e.retain_epochs is not None}
 
     def dead_letter_edge(self, region: str) -> EdgeSpec | None:
         """The region's dead-letter table: its Delta output of schema ``dead_letters`` (rows
@@ -246,8 +259,8 @@ class Pipeline:
             stateful = spec.get("stateful", REGIMES[regime].keeps_state)
             every, seconds = spec.get("checkpoint_every"), spec.get("checkpoint_seconds")
             retain = spec.get("retain_checkpoints", 3)
-            if not isinstance(retain, int) or retain < 1:
-                raise fail(where, f"retain_checkpoints must be an integer ≥ 1, got {retain!r}")
+            if not isinstance(retain, int) or isinstance(retain, bool) or retain < 0:
+                raise fail(where, f"retain_checkpoints must be an integer ≥ 0, got {retain!r}")
             regions[rname] = RegionSpec(
                 rname, regime, domain, spec.get("job"), bool(stateful), every, seconds, retain,
                 dict(spec.get("options") or {}),
@@ -259,7 +272,7 @@ class Pipeline:
             if not isinstance(spec, dict):
                 raise fail(where, "expected a mapping")
             extra = set(spec) - {"kind", "from", "to", "topic", "partitions", "table", "delay",
-                                 "schema", "read"}
+                                 "schema", "read", "retain_epochs"}
             if extra:
                 raise fail(where, f"unknown keys {sorted(extra)}")
             kind = spec.get("kind")
@@ -296,13 +309,29 @@ class Pipeline:
             if read != "snapshot" and (kind != "delta" or dst is None):
                 raise fail(where, f"read: {read} is how a region reads a delta edge; this edge "
                                   f"is {kind}{'' if dst else ' and has no receiver'}")
+            retain = spec.get("retain_epochs")
+            if retain is not None:
+                if kind != "delta" or src is None:
+                    raise fail(where, "retain_epochs declares a Delta table a region writes a "
+                                      f"log; this edge is {kind}"
+                                      f"{'' if src else ' with no region writing it'}")
+                if not isinstance(retain, int) or isinstance(retain, bool) or retain < 0:
+                    raise fail(where, f"retain_epochs must be an integer ≥ 0, got {retain!r}")
             edges[ename] = EdgeSpec(ename, kind, src, dst, spec.get("topic"), partitions,
-                                    spec.get("table"), delay, spec.get("schema"), read)
+                                    spec.get("table"), delay, spec.get("schema"), read, retain)
 
         writers: dict[str, set[str]] = {}
         for e in edges.values():
             if e.kind == "delta" and e.src is not None:
                 writers.setdefault(e.table, set()).add(e.src)
+        retained: dict[str, set[int]] = {}
+        for e in edges.values():
+            if e.retain_epochs is not None:
+                retained.setdefault(e.table, set()).add(e.retain_epochs)
+        for table, kept in retained.items():
+            if len(kept) > 1:
+                raise fail(f"table {table!r}", f"its edges declare retain_epochs "
+                           f"{sorted(kept)}: declare one value (on one edge is enough)")
         for table, srcs in writers.items():
             if len(srcs) > 1:
                 raise fail(f"table {table!r}", f"written by regions {sorted(srcs)}: a rollback "

@@ -1,30 +1,64 @@
-"""Garbage collection: drop what no rollback can need any more.
+"""Garbage collection: drop what no rollback can need any more, and nothing a user keeps.
 
 Solve as if every region had failed: the result w(p) is p's low watermark, below which no
-failure can take p. Then (docs/model.md, "Garbage collection"):
+failure can take p (docs/model.md, "Garbage collection"). What falkirk then removes, each
+item with the rule that allows it (:data:`RULES`):
 
-- a stateful region keeps its newest checkpoint at or below w(p) and every later one;
-  older checkpoints are compacted away and their files vacuumed;
-- a logged Delta edge e = p → q no longer needs its records at times inside w(q): the
-  collected frontier is recorded (it becomes D_e for the solver) and those rows deleted;
-- an input topic read by p is acknowledged: the consumer group's offsets are committed to
-  where the epochs inside w(p) ended;
-- Delta VACUUM removes files no retained version uses (versions from the oldest one a
-  rollback can still restore are kept).
+- **checkpoints** (falkirk's own): a stateful region keeps its newest checkpoint at or
+  below w(p), every later one, and ``retain_checkpoints`` older ones; older layers are
+  folded into one base and their files deleted;
+- **rows of declared logs**: a Delta table is a product, and its rows are never deleted
+  unless the pipeline declares it a log (``retain_epochs: N`` on an edge of the table).
+  Then rows of epochs that every receiver has passed for good (inside w(receiver), less
+  the edge's delay) and older than the sender's newest N epochs are deleted;
+- **orphan files**: data files that no version in a table's log references (a write
+  killed before its commit), older than the retention; time travel on a table is left
+  to Delta's own retention. A declared log's files its deletes took out go the same way
+  once older than the retention;
+- **acknowledgements**: an input topic read by p is acknowledged where the epochs inside
+  w(p) ended (the consumer group's offsets); its retention stays its owner's.
 
-Dry run by default: the report says what would be done.
+Dry run by default: the report lists each item (store, name, rows, files, bytes, rule).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from falkirk.config import Config, load
-from falkirk.log.epochlog import EpochLog
+from falkirk.log.epochlog import EpochLog, RegionLog
 from falkirk.model.times import DOMAINS, Offsets, epoch_of_key, shift, time_of
 from falkirk.model.topology import Pipeline
 from falkirk.solver.frontier import low_watermark
+
+#: Why each kind of item may go (formatted with the item's details).
+RULES = {
+    "checkpoints": "layers older than checkpoint {keep_from}: the newest at or below the "
+                   "low watermark is {needed}, and retain_checkpoints keeps {retain} older",
+    "log rows": "declared a log (retain_epochs: {retain}): every receiver has passed epochs "
+                "≤ {through} for good, and the sender's newest {retain} epochs are kept",
+    "orphan files": "data files no version in the table's log references (writes killed "
+                    "before their commit), older than {hours:g} h",
+    "log files": "files the log's deletes took out of versions before {keep_from}, older "
+                 "than {hours:g} h",
+    "acknowledge": "offsets the region's epochs through its low watermark {epoch} read (the "
+                   "consumer group's commit; the topic's retention stays its owner's)",
+}
+
+
+@dataclass
+class GcItem:
+    """One thing garbage collection removes (or, in a dry run, would remove)."""
+
+    store: str  # "table", "checkpoints", "topic"
+    name: str  # the table, region or topic
+    kind: str  # a key of RULES
+    rule: str  # why it may go
+    rows: int = 0
+    files: int = 0
+    bytes: int = 0
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -32,14 +66,33 @@ class GcReport:
     pipeline: str
     applied: bool
     watermarks: dict[str, Any] = field(default_factory=dict)  # region -> JSON frontier
-    checkpoints: dict[str, int] = field(default_factory=dict)  # region -> keep from
-    collected: dict[str, Any] = field(default_factory=dict)  # edge -> JSON time
-    deleted_through: dict[str, int] = field(default_factory=dict)  # table -> sender epoch
-    acknowledged: dict[str, dict] = field(default_factory=dict)  # topic -> offsets
-    vacuumed: dict[str, int] = field(default_factory=dict)  # table -> files removed
+    items: list[GcItem] = field(default_factory=list)
+    kept_tables: list[str] = field(default_factory=list)  # products: no row deleted
+
+    def of(self, kind: str) -> dict[str, GcItem]:
+        """The items of one kind, by name."""
+        return {i.name: i for i in self.items if i.kind == kind}
+
+    @property
+    def checkpoints(self) -> dict[str, int]:
+        """region -> the checkpoint kept from."""
+        return {n: i.detail["keep_from"] for n, i in self.of("checkpoints").items()}
+
+    @property
+    def deleted_through(self) -> dict[str, int]:
+        """declared log table -> the sender epoch through which its rows go."""
+        return {n: i.detail["through"] for n, i in self.of("log rows").items()}
+
+    @property
+    def acknowledged(self) -> dict[str, dict]:
+        """input topic -> the offsets acknowledged."""
+        return {n: i.detail["offsets"] for n, i in self.of("acknowledge").items()}
 
     def to_json(self) -> dict:
-        return self.__dict__.copy()
+        return {"pipeline": self.pipeline, "applied": self.applied,
+                "watermarks": self.watermarks, "kept_tables": self.kept_tables,
+                "items": [asdict(i) for i in self.items],
+                "freed_bytes": sum(i.bytes for i in self.items)}
 
 
 def group_id(pipeline: str, region: str) -> str:
@@ -50,9 +103,9 @@ def group_id(pipeline: str, region: str) -> str:
 def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog | None = None,
             apply: bool = False, vacuum_retention_hours: float = 1.0,
             spark: Any = None) -> GcReport:
-    """Compute the low watermarks and (with ``apply``) drop what they allow.
+    """Compute the low watermarks, itemise what they allow and (with ``apply``) drop it.
 
-    Rows of data tables are deleted with delta-spark (their one writing engine), in
+    Rows of declared logs are deleted with delta-spark (their one writing engine), in
     ``spark`` or a session started only when there is something to delete."""
     cfg = cfg or load()
     log = epoch_log or EpochLog.from_config(cfg)
@@ -60,60 +113,162 @@ def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog |
     wm = low_watermark(problem)
     logs = log.regions(pipeline)
     report = GcReport(pipeline.name, apply, {r: f.to_json() for r, f in wm.items()})
-    opts = cfg.delta_storage_options or None
-
     done_epoch = {r: epoch_of_key(pipeline.regions[r].domain, f.key) for r, f in wm.items()}
+    opts = cfg.delta_storage_options or None
+    collected: dict[str, Any] = {}  # logged edge -> the time its receiver no longer needs
 
-    # Checkpoints: keep the newest at or below the watermark, and everything after it.
-    for name, spec in pipeline.regions.items():
-        if not spec.keeps_state:
+    _checkpoints(pipeline, cfg, logs, done_epoch, report, opts)
+    log_tables = pipeline.log_tables()
+    report.kept_tables = sorted({e.table for e in pipeline.edges.values()
+                                 if e.kind == "delta" and e.table not in log_tables})
+    for table, retain in log_tables.items():
+        through = _log_through(pipeline, table, retain, logs, done_epoch)
+        if through is None:
             continue
-        kept = [r for r in logs[name].restorable(spec.regime)
-                if r.state_ref and r.epoch <= max(done_epoch[name], -1)]
-        if kept:
-            report.checkpoints[name] = int(kept[-1].state_ref.split(":")[-1])
-
-    # Logged Delta edges: what the receiver can never need again.
-    through_by_table: dict[str, list[int]] = {}
-    for edge in pipeline.edges.values():
-        if edge.kind != "delta" or edge.dst is None:
-            continue
-        w = wm[edge.dst]
-        dom = w.domain
-        report.collected[edge.name] = dom.dump(shift(dom, w.key, -edge.delay))
-        sender_epoch = done_epoch[edge.dst] - edge.delay
-        through_by_table.setdefault(edge.table, []).append(sender_epoch)
-    for edge in pipeline.edges.values():  # tables also read outside the pipeline: keep
-        if edge.kind == "delta" and edge.dst is None:
-            through_by_table.pop(edge.table, None)
-    for table, epochs in through_by_table.items():
-        if min(epochs) >= 0:
-            report.deleted_through[table] = min(epochs)
-
-    # Input topics: acknowledge what the watermark's epochs took.
-    for edge in pipeline.edges.values():
-        if edge.kind != "kafka" or edge.dst is None:
-            continue
-        spec = pipeline.regions[edge.dst]
-        e = done_epoch[edge.dst]
-        if e < 0:
-            continue
-        row = logs[edge.dst].entries.get(DOMAINS[spec.domain].parse(time_of(spec.domain, e)))
-        rng = None if row is None else (row.inputs or {}).get(edge.name)
-        if rng is not None:
-            report.acknowledged[edge.topic] = rng["to"]
-            report.collected[edge.name] = wm[edge.dst].to_json()
-
+        report.items.append(_log_rows(cfg.table(table), table, through, retain, opts))
+        for edge in pipeline.edges.values():  # what its sender can no longer send again
+            if edge.table == table and edge.dst is not None:
+                dom = wm[edge.dst].domain
+                gone = dom.parse(time_of(dom.name, through))
+                collected[edge.name] = dom.dump(dom.meet(
+                    shift(dom, wm[edge.dst].key, -edge.delay), gone))
+    _acknowledgements(pipeline, logs, done_epoch, wm, report, collected)
+    _vacuums(pipeline, cfg, logs, report, log_tables, vacuum_retention_hours, opts)
     if apply:
-        _apply(pipeline, cfg, log, report, logs, opts, vacuum_retention_hours, spark)
+        _apply(pipeline, cfg, log, report, collected, opts, vacuum_retention_hours, spark)
     return report
 
 
-def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport, logs, opts,
-           retention_hours: float, spark: Any) -> None:
+def _row(pipeline: Pipeline, logs: dict[str, RegionLog], region: str, epoch: int):
+    spec = pipeline.regions[region]
+    return logs[region].entries.get(DOMAINS[spec.domain].parse(time_of(spec.domain, epoch)))
+
+
+def _checkpoints(pipeline: Pipeline, cfg: Config, logs: dict[str, RegionLog],
+                 done_epoch: dict[str, int], report: GcReport, opts) -> None:
+    """Keep the newest checkpoint at or below the watermark, ``retain_checkpoints`` older
+    ones and every later one."""
+    from falkirk.regimes.checkpoints import CheckpointStore
+
+    for name, spec in pipeline.regions.items():
+        if not spec.keeps_state:
+            continue
+        ids = sorted({int(r.state_ref.split(":")[-1]) for r in logs[name].restorable(spec.regime)
+                      if r.state_ref and r.epoch <= max(done_epoch[name], -1)})
+        if not ids:
+            continue
+        keep_from = ids[max(0, len(ids) - 1 - spec.retain_checkpoints)]
+        store = CheckpointStore.open(cfg.table("_falkirk_state", pipeline.name, name), opts)
+        if store is None:
+            continue
+        dropped, files, rows, size = store.retain_plan(keep_from)
+        if not dropped:
+            continue
+        rule = RULES["checkpoints"].format(keep_from=keep_from, needed=ids[-1],
+                                           retain=spec.retain_checkpoints)
+        report.items.append(GcItem("checkpoints", name, "checkpoints", rule, rows, files, size,
+                                   {"keep_from": keep_from, "dropped": dropped}))
+
+
+def _log_through(pipeline: Pipeline, table: str, retain: int, logs: dict[str, RegionLog],
+                 done_epoch: dict[str, int]) -> int | None:
+    """The sender epoch through which a declared log's rows may go, or None."""
+    edges = [e for e in pipeline.edges.values() if e.kind == "delta" and e.table == table]
+    sender = edges[0].src
+    committed = [r.epoch for r in logs[sender].restorable(pipeline.regions[sender].regime)]
+    if not committed:
+        return None
+    through = max(committed) - retain
+    for edge in edges:
+        if edge.dst is not None:  # what the receiver can never need again
+            through = min(through, done_epoch[edge.dst] - edge.delay)
+    return through if through >= 0 else None
+
+
+def _log_rows(uri: str, table: str, through: int, retain: int, opts) -> GcItem:
+    """The rows of epochs ≤ ``through`` in a declared log, with the files holding them."""
+    import pyarrow.dataset as ds
+
+    from falkirk.io.lake import version_dataset
+
+    rule = RULES["log rows"].format(retain=retain, through=through)
+    item = GcItem("table", table, "log rows", rule, detail={"through": through})
+    try:
+        dataset = version_dataset(uri, storage_options=opts)
+    except Exception:  # no table yet (its writer never ran): nothing to delete
+        return item
+    below = ds.field("epoch") <= through
+    for fragment in dataset.get_fragments():
+        n = fragment.count_rows(filter=below)
+        if n:
+            total = fragment.count_rows()
+            size = fragment.filesystem.get_file_info(fragment.path).size or 0
+            item.rows += n
+            item.files += 1
+            item.bytes += round(size * n / total) if total else 0
+    return item
+
+
+def _acknowledgements(pipeline: Pipeline, logs: dict[str, RegionLog],
+                      done_epoch: dict[str, int], wm, report: GcReport,
+                      collected: dict[str, Any]) -> None:
+    """Input topics: acknowledge what the watermark's epochs took."""
+    for edge in pipeline.edges.values():
+        if edge.kind != "kafka" or edge.dst is None or edge.src is not None:
+            continue
+        e = done_epoch[edge.dst]
+        row = _row(pipeline, logs, edge.dst, e) if e >= 0 else None
+        rng = None if row is None else (row.inputs or {}).get(edge.name)
+        if rng is None:
+            continue
+        rule = RULES["acknowledge"].format(epoch=e)
+        report.items.append(GcItem("topic", edge.topic, "acknowledge", rule,
+                                   rows=sum(rng["to"].values()),
+                                   detail={"offsets": rng["to"], "region": edge.dst}))
+        collected[edge.name] = wm[edge.dst].to_json()
+
+
+def _vacuums(pipeline: Pipeline, cfg: Config, logs: dict[str, RegionLog], report: GcReport,
+             log_tables: dict[str, int], hours: float, opts) -> None:
+    """Orphan files of every table; a declared log's files from versions before the one
+    its sender committed at its low watermark, too."""
     from deltalake import DeltaTable
 
-    from falkirk.io.delta import vacuum_orphans
+    from falkirk.io.delta import orphan_files
+
+    for table in sorted({e.table for e in pipeline.edges.values() if e.kind == "delta"}):
+        uri = cfg.table(table)
+        if not DeltaTable.is_deltatable(uri, storage_options=opts):
+            continue
+        keep_from, kind = None, "orphan files"
+        if table in log_tables:
+            keep_from, kind = _log_keep_from(pipeline, table, logs, report), "log files"
+        files = orphan_files(uri, retention_hours=hours, keep_from_version=keep_from,
+                             storage_options=opts)
+        if files:
+            rule = RULES[kind].format(hours=hours, keep_from=keep_from)
+            report.items.append(GcItem("table", table, kind, rule, files=len(files),
+                                       bytes=sum(files.values()),
+                                       detail={"keep_from_version": keep_from}))
+
+
+def _log_keep_from(pipeline: Pipeline, table: str, logs: dict[str, RegionLog],
+                   report: GcReport) -> int:
+    """The oldest version of a declared log a rollback may still restore: the one its
+    sender committed at its low watermark (every later one is kept too)."""
+    edge = next(e for e in pipeline.edges.values() if e.kind == "delta" and e.table == table)
+    w = report.watermarks[edge.src]
+    if w == -1:
+        return 0
+    spec = pipeline.regions[edge.src]
+    row = logs[edge.src].entries.get(DOMAINS[spec.domain].parse(w))
+    version = ((row.outputs or {}).get(edge.name) or {}).get("version") if row else None
+    return version if version is not None else 0
+
+
+def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport,
+           collected: dict[str, Any], opts, retention_hours: float, spark: Any) -> None:
+    from falkirk.io.delta import spark_uri, vacuum_orphans
     from falkirk.io.kafka import commit_group_offsets
     from falkirk.regimes.checkpoints import CheckpointStore
 
@@ -121,40 +276,27 @@ def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport, log
         store = CheckpointStore.open(cfg.table("_falkirk_state", pipeline.name, region), opts)
         if store is not None:
             store.retain(keep_from)
-    for edge, through in report.collected.items():
+    acknowledged = report.of("acknowledge")
+    for edge, through in collected.items():
         topic = pipeline.edges[edge].topic
-        offsets = report.acknowledged.get(topic) if topic else None
+        item = acknowledged.get(topic) if topic else None
         log.record_collected(pipeline.name, edge, through,
-                             None if offsets is None else Offsets(offsets))
-    for table, epoch in report.deleted_through.items():
-        uri = cfg.table(table)
-        if DeltaTable.is_deltatable(uri, storage_options=opts):
-            from falkirk.io.delta import spark_uri
+                             None if item is None else Offsets(item.detail["offsets"]))
+    for table, item in report.of("log rows").items():
+        if not item.rows:
+            continue
+        if spark is None:
             from falkirk.io.spark import session
 
-            spark = spark or session(f"falkirk-gc-{pipeline.name}", cfg)
-            location = spark_uri(uri).replace("`", "``")  # SQL: a Connect session too
-            spark.sql(f"DELETE FROM delta.`{location}` WHERE epoch <= {int(epoch)}")
-    for topic, offsets in report.acknowledged.items():
-        region = next(e.dst for e in pipeline.edges.values()
-                      if e.kind == "kafka" and e.topic == topic and e.dst)
-        commit_group_offsets(cfg.kafka_bootstrap, topic, group_id(pipeline.name, region),
-                             Offsets(offsets))
-    # Vacuum: keep every version a rollback may still restore (from the version each
-    # producer committed at its watermark epoch on).
-    for edge in pipeline.edges.values():
-        if edge.kind != "delta":
-            continue
-        uri = cfg.table(edge.table)
-        if not DeltaTable.is_deltatable(uri, storage_options=opts):
-            continue
-        spec = pipeline.regions[edge.src]
-        w = report.watermarks[edge.src]
-        keep_from = 0
-        if w != -1:
-            row = logs[edge.src].entries.get(DOMAINS[spec.domain].parse(w))
-            version = ((row.outputs or {}).get(edge.name) or {}).get("version") if row else None
-            keep_from = version if version is not None else 0
-        removed = vacuum_orphans(uri, retention_hours=retention_hours,
-                                 keep_from_version=keep_from, storage_options=opts)
-        report.vacuumed[edge.table] = report.vacuumed.get(edge.table, 0) + len(removed)
+            spark = session(f"falkirk-gc-{pipeline.name}", cfg)
+        location = spark_uri(cfg.table(table)).replace("`", "``")  # SQL: a Connect session too
+        spark.sql(f"DELETE FROM delta.`{location}` WHERE epoch <= {int(item.detail['through'])}")
+    for topic, item in acknowledged.items():
+        commit_group_offsets(cfg.kafka_bootstrap, topic,
+                             group_id(pipeline.name, item.detail["region"]),
+                             Offsets(item.detail["offsets"]))
+    for item in report.items:
+        if item.kind in ("orphan files", "log files"):
+            vacuum_orphans(cfg.table(item.name), retention_hours=retention_hours,
+                           keep_from_version=item.detail["keep_from_version"],
+                           storage_options=opts)

@@ -417,6 +417,20 @@ class CheckpointStore:
 
     # -- retention -------------------------------------------------------------------------
 
+    def retain_plan(self, keep_from: int) -> tuple[list[int], int, int, int]:
+        """What :meth:`retain` would do, changing nothing: (the checkpoints it drops, and
+        the files, rows and bytes of the layers it folds into the new base)."""
+        manifest = self._manifest(self._table())
+        dropped = [c for c in manifest.ids if c < keep_from]
+        if not dropped:
+            return [], 0, 0, 0
+        actions = pa.table(self._table().get_add_actions(flatten=True))
+        folded = [i for i, top in enumerate(actions[f"max.{CHECKPOINT}"].to_pylist())
+                  if top is not None and top <= keep_from]
+        rows = sum(actions["num_records"][i].as_py() or 0 for i in folded)
+        size = sum(actions["size_bytes"][i].as_py() or 0 for i in folded)
+        return dropped, len(folded), rows, size
+
     def retain(self, keep_from: int) -> RetainInfo:
         """Drop every checkpoint older than ``keep_from`` and delete the files only they used.
 
