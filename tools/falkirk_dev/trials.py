@@ -88,10 +88,9 @@ class Trial:
 
 
 def checkpoint_due(spec: RegionSpec, epoch: int) -> bool:
-    """Whether the region saves a checkpoint at the end of ``epoch`` (as the runtime does)."""
-    if not spec.keeps_state:
-        return False
-    return spec.regime == "eager" or (epoch + 1) % (spec.checkpoint_every or 1) == 0
+    """Whether the region saves a checkpoint at the end of ``epoch``, as its regime says
+    (by epochs: the trials' pipelines time no checkpoint)."""
+    return spec.regime_rules.checkpoint_due(spec, epoch)
 
 
 def job_regions(pipeline: Pipeline, job: str) -> list[str]:

@@ -30,8 +30,9 @@ class Regime:
     #: the declaration keys only this regime takes
     own_keys: tuple[str, ...] = ()
 
-    def checkpoint_due(self, spec: Any, epoch: int) -> bool:
-        """Whether the region's state is checkpointed once ``epoch`` is done."""
+    def checkpoint_due(self, spec: Any, epoch: int, since_s: float | None = None) -> bool:
+        """Whether the region's state is checkpointed once ``epoch`` is done, ``since_s``
+        seconds after its last checkpoint (or its start; None: not timed)."""
         return False
 
     def check(self, spec: dict[str, Any], fail: Fail) -> None:

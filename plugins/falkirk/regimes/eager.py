@@ -12,7 +12,7 @@ from falkirk.regimes.base import Regime
 
 
 class Eager(Regime):
-    def checkpoint_due(self, spec: Any, epoch: int) -> bool:
+    def checkpoint_due(self, spec: Any, epoch: int, since_s: float | None = None) -> bool:
         return True
 
 

@@ -1,9 +1,11 @@
-"""Lazy checkpoint: stateful, checkpoints incrementally every K epochs.
+"""Lazy checkpoint: stateful, checkpoints incrementally every K epochs or T seconds.
 
-Saves: its outputs every epoch, its state (only the keys that changed) every
-``checkpoint_every`` epochs. Acknowledges: its input up to the last checkpoint. Restores:
-a checkpoint, then redoes the epochs after it (their outputs are live already, so they
-are redone for the state only). So when every input can be read again
+Saves: its outputs every epoch, its state (only the keys that changed) after every
+``checkpoint_every``-th epoch, and after the first epoch that ends ``checkpoint_seconds``
+or more after its last checkpoint (or its start); whichever comes first.
+Acknowledges: its input up to the last checkpoint. Restores: a checkpoint, then redoes
+the epochs after it (their outputs are live already, so they are redone for the state
+only). So when every input can be read again
 (:meth:`Pipeline.replays_inputs`) its frontiers are also its committed epochs: the
 paper's replay of a deterministic processor's logged history (docs/model.md, "Replay").
 """
@@ -16,9 +18,11 @@ from falkirk.regimes.base import Fail, Regime
 
 
 class Lazy(Regime):
-    def checkpoint_due(self, spec: Any, epoch: int) -> bool:
-        # checkpoint_seconds alone is accepted but not timed yet: every epoch then
-        return (epoch + 1) % (spec.checkpoint_every or 1) == 0
+    def checkpoint_due(self, spec: Any, epoch: int, since_s: float | None = None) -> bool:
+        every, seconds = spec.checkpoint_every, getattr(spec, "checkpoint_seconds", None)
+        if every is not None and (epoch + 1) % every == 0:
+            return True  # on epoch multiples: a rerun checkpoints the same epochs
+        return seconds is not None and since_s is not None and since_s >= seconds
 
     def check(self, spec: dict[str, Any], fail: Fail) -> None:
         super().check(spec, fail)
@@ -26,8 +30,12 @@ class Lazy(Regime):
         if every is None and seconds is None:
             raise fail("a lazy region needs checkpoint_every (K epochs) or "
                        "checkpoint_seconds (T)")
-        if every is not None and (not isinstance(every, int) or every < 1):
+        if every is not None and (not isinstance(every, int) or isinstance(every, bool)
+                                  or every < 1):
             raise fail(f"checkpoint_every must be an integer ≥ 1, got {every!r}")
+        if seconds is not None and (not isinstance(seconds, int | float)
+                                    or isinstance(seconds, bool) or seconds <= 0):
+            raise fail(f"checkpoint_seconds must be a number > 0, got {seconds!r}")
 
 
 LAZY = Lazy("lazy", keeps_state=True, restorable=("checkpointed",), replays=("committed",),

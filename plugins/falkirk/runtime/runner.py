@@ -292,6 +292,8 @@ class JobRunner:
                     spec.domain, DOMAINS[spec.domain].parse(rows[-1].time))
         self.state: dict[str, Any] = {}
         self.state_frames: dict[str, Any] = {}  # region -> its state at its last checkpoint
+        # region -> when it last checkpointed or was restored (checkpoint_seconds)
+        self.checkpointed_at: dict[str, float] = dict.fromkeys(self.regions, time.monotonic())
         self.checkpoints: dict[str, Any] = {}
         for r in self.regions:
             if pipeline.regions[r].keeps_state:
@@ -624,7 +626,8 @@ class JobRunner:
             spec = self.pipeline.regions[r]
             if spec.keeps_state:
                 self.state[r] = result.state.get(r, self.state.get(r))
-                due = spec.regime_rules.checkpoint_due(spec, e)
+                due = spec.regime_rules.checkpoint_due(
+                    spec, e, time.monotonic() - self.checkpointed_at[r])
                 if due and self.persist and not (r in redo and redo[r].status == "checkpointed"):
                     first.append((f"checkpoint {r}", partial(self._checkpoint, r, e,
                                                              state_refs)))
@@ -795,6 +798,7 @@ class JobRunner:
         frame = self.logic.state_to_frame(region, self.state[region])
         self.checkpoint_store(region).save_frame(e, frame, self.state_frames.get(region))
         self.state_frames[region] = frame
+        self.checkpointed_at[region] = time.monotonic()
         refs[region] = f"checkpoint:{e}"
 
     def close(self) -> None:
