@@ -79,6 +79,7 @@ BENCHES = {
     "log": ("log_bench", True),
     "broker": ("broker_bench", True),
     "all": ("all_bench", True),
+    "report": ("report", True),  # docs/benchmarks.md, docs/faults-results.md from the figures
 }
 
 
