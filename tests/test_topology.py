@@ -11,7 +11,7 @@ from falkirk.model.topology import Pipeline, TopologyError
 
 SMALL = {
     "pipeline": "small",
-    "settings": {"epoch_seconds": 10, "origin_ms": 1704067200000, "top_n": 5},
+    "settings": {"epoch_seconds": 10, "origin_ms": 1704067200000, "app": {"top_n": 5}},
     "regions": {
         "ingest": {"regime": "ephemeral", "job": "jobs/ingest.py"},
         "popularity": {"regime": "batch", "job": "jobs/popularity.py"},
@@ -99,7 +99,7 @@ CASES = {
         "settings.checks.pandas_max_rows: input should be greater than or equal to 0"),
     "misspelt checks key": (
         broken(["settings", "checks"], {"hodl": True}),
-        "settings.checks.hodl: extra inputs are not permitted"),
+        "settings.checks.hodl: unknown setting (did you mean 'hold'?"),
     "a table written by two regions": (
         broken(["edges", "more"], {"kind": "delta", "from": "popularity",
                                    "table": "purchases"}),
@@ -204,10 +204,86 @@ def test_invariants_are_a_file_the_declaration_names_and_loads_by_region(tmp_pat
         load_invariants(Pipeline.load(path))
 
 
-def test_settings_keep_the_applications_own_keys():
+def test_settings_keep_the_applications_own_keys_under_app():
     p = Pipeline.from_dict(SMALL)
-    assert p.settings["top_n"] == 5 and p.settings["epoch_seconds"] == 10
+    assert p.app == {"top_n": 5} and p.settings["epoch_seconds"] == 10
     assert p.checks_setting("on_failure") == "quarantine"  # the declared default
+
+
+def test_a_misspelt_setting_is_refused_with_the_key_it_most_likely_meant():
+    data = copy.deepcopy(SMALL)
+    data["settings"] = {"epoch_second": 10, "origin_ms": 0}
+    with pytest.raises(TopologyError) as err:
+        Pipeline.from_dict(data, origin="sensors/pipeline.yaml")
+    message = str(err.value)
+    assert message.startswith("sensors/pipeline.yaml: ")
+    assert "settings.epoch_second: unknown setting (did you mean 'epoch_seconds'? the " \
+           "pipeline's own settings go under settings.app)" in message
+    assert "settings.epoch_seconds: field required" in message
+    data["settings"] = {"epoch_seconds": 10, "origin_ms": 0, "top_n": 5}
+    with pytest.raises(TopologyError, match=r"settings.top_n: unknown setting \(the "):
+        Pipeline.from_dict(data)
+    data["settings"] = {"epoch_seconds": 10, "origin_ms": 0, "checks": {"hlod": True}}
+    with pytest.raises(TopologyError, match=r"settings.checks.hlod: unknown setting \(did "
+                                            r"you mean 'hold'\? known: hold, on_failure"):
+        Pipeline.from_dict(data)
+
+
+def _folder(root, data: dict, types: dict[str, str] | None = None):
+    """A pipeline folder under ``root`` with empty jobs and one-column table schemas."""
+    import yaml
+
+    folder = root / data["pipeline"]
+    (folder / "jobs").mkdir(parents=True)
+    (folder / "schemas" / "tables").mkdir(parents=True)
+    for spec in data["regions"].values():
+        (folder / spec["job"]).write_text("")
+    for e in data["edges"].values():
+        if e["kind"] == "delta":
+            typ = (types or {}).get(e["table"], "int64")
+            (folder / "schemas" / "tables" / f"{e['table']}.json").write_text(
+                json.dumps({"fields": [{"name": "epoch", "type": typ}]}))
+    (folder / "pipeline.yaml").write_text(yaml.safe_dump(data))
+    return folder
+
+
+def test_a_column_type_no_table_can_have_is_refused_when_the_declaration_loads(tmp_path):
+    data = copy.deepcopy(SMALL)
+    data["edges"].pop("labels")
+    data["regions"]["stats"]["job"] = "jobs/stats.py"
+    folder = _folder(tmp_path, data, {"purchases": "float64"})
+    with pytest.raises(TopologyError) as err:
+        Pipeline.load(folder)
+    assert str(err.value) == (
+        f"{folder / 'pipeline.yaml'}: edge 'purchases': "
+        f"{folder / 'schemas' / 'tables' / 'purchases.json'}: field 'epoch' has unknown type "
+        "'float64' (known: string, int32, int64, double, bool, timestamp[us, tz=UTC])")
+
+
+def test_pipeline_takes_a_declared_name_or_a_folder_whatever_the_current_directory_holds(
+        tmp_path, monkeypatch):
+    """The guide's layout: ~/pipelines/sensors/ declared through FALKIRK_PIPELINES, and
+    the user working in ~/pipelines, where ``sensors`` is also a folder."""
+    from falkirk.model.topology import load_pipeline
+
+    data = copy.deepcopy(SMALL)
+    data["pipeline"] = "sensors"
+    data["edges"].pop("labels")
+    data["regions"]["stats"]["job"] = "jobs/stats.py"
+    folder = _folder(tmp_path, data)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FALKIRK_PIPELINES", str(tmp_path))
+    assert load_pipeline("sensors").source == str(folder / "pipeline.yaml")
+    assert load_pipeline("sensors/").name == "sensors"
+    assert load_pipeline(str(folder)).name == "sensors"
+    assert load_pipeline(folder / "pipeline.yaml").name == "sensors"
+    monkeypatch.setenv("FALKIRK_PIPELINES", "")  # not declared: the folder still loads
+    assert load_pipeline("sensors").name == "sensors"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TopologyError, match="empty: a folder without a pipeline.yaml"):
+        load_pipeline("empty")
+    with pytest.raises(TopologyError, match="unknown pipeline 'nowhere': not a declared name"):
+        load_pipeline("nowhere")
 
 
 def test_pipelines_outside_the_checkout_are_found_and_each_is_checked(tmp_path):

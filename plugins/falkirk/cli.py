@@ -411,7 +411,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         shutil.rmtree(root)
     with LocalRun(root, declaration) as run:
         print(f"broker {run.cfg.kafka_bootstrap}, lake {run.cfg.lake}")
-        sent = run.produce_files(folder / "input")
+        sent = run.produce_files(folder / "input", note=print)
         print("input: " + ", ".join(f"{n} records to {t}" for t, n in sent.items()))
         run.start()
         for job in run.procs:

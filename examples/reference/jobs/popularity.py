@@ -55,7 +55,7 @@ class PopularityJob(JobLogic):
     regions = (REGION,)
 
     def process(self, ctx: EpochContext) -> EpochResult:
-        s = ctx.pipeline.settings
+        s = ctx.pipeline.app
         top = transform(ctx.inputs["purchases"], ctx.epoch,
                         int(s.get("popularity_window", DEFAULT_WINDOW)),
                         int(s.get("top_n", DEFAULT_TOP_N)))

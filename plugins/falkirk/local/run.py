@@ -231,17 +231,20 @@ class LocalRun:
 
     # -- input from files -----------------------------------------------------------
 
-    def produce_files(self, folder: Path) -> dict[str, int]:
+    def produce_files(self, folder: Path, note: Callable[[str], None] | None = None
+                      ) -> dict[str, int]:
         """Send ``<folder>/<topic>.jsonl`` to each input topic, then declare the input
         bounded there (:func:`falkirk.runtime.bounds.declare_bounds`: its last epoch
         closes, jobs end).
 
-        One record per line; the value is the line as it is (a line that is not JSON is
-        sent too: the job dead-letters it), the Kafka timestamp is the record's ``ts``
-        field (event time, epoch ms; a line without one takes the previous line's). A
-        record with a ``key`` field is keyed (partitioned by the key's hash); the others go
-        round-robin by line, so the same file always lands the same way. Returns the
-        records sent per topic.
+        One record per line; the value is the line as it is, the Kafka timestamp is the
+        record's ``ts`` field (event time, epoch ms). A line that is not a JSON object, or
+        whose ``ts`` is missing, null or not a whole number ≥ 0, is sent too, at the
+        previous line's time (the pipeline's origin for a first line): the job
+        dead-letters it with its reason. ``note`` hears each such line as
+        ``file:line: what``. A record with a ``key`` field is keyed (partitioned by the
+        key's hash); the others go round-robin by line, so the same file always lands the
+        same way. Returns the records sent per topic.
         """
         from kafka import KafkaProducer
 
@@ -253,29 +256,19 @@ class LocalRun:
         if missing:
             raise LocalRunError(f"no input file for topic(s) {', '.join(missing)}: expected "
                                 f"{', '.join(str(folder / f'{t}.jsonl') for t in missing)}")
+        batches = {topic: list(input_records(folder / f"{topic}.jsonl",
+                                             int(self.pipeline.settings["origin_ms"]), note))
+                   for topic in inputs}
         ensure_topics(self.cfg.kafka_bootstrap, inputs)
         producer = KafkaProducer(bootstrap_servers=self.cfg.kafka_bootstrap, acks="all",
                                  client_id="falkirk-run", **CLIENT_CONFIG)
         sent: dict[str, int] = {}
         try:
             for topic, partitions in inputs.items():
-                ts = int(self.pipeline.settings["origin_ms"])
-                futures = []
-                lines = [x for x in (folder / f"{topic}.jsonl").read_text().splitlines()
-                         if x.strip()]
-                for i, line in enumerate(lines):
-                    key = None
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        record = None
-                    if isinstance(record, dict):
-                        ts = int(record.get("ts", ts))
-                        key = None if record.get("key") is None else str(record["key"])
-                    futures.append(producer.send(
-                        topic, value=line.encode(), timestamp_ms=ts,
-                        key=None if key is None else key.encode(),
-                        partition=None if key is not None else i % partitions))
+                futures = [producer.send(topic, value=value, timestamp_ms=ts,
+                                         key=None if key is None else key.encode(),
+                                         partition=None if key is not None else i % partitions)
+                           for i, (value, ts, key) in enumerate(batches[topic])]
                 producer.flush()
                 for f in futures:
                     f.get(timeout=60)  # a send that failed fails the run
@@ -291,3 +284,36 @@ class LocalRun:
 
         return declare_bounds(self.pipeline, self.cfg, self.log)
 
+
+
+def input_records(path: Path, origin_ms: int, note: Callable[[str], None] | None = None
+                  ) -> list[tuple[bytes, int, str | None]]:
+    """(value, timestamp, key) of each non-blank line of an input file, as
+    :meth:`LocalRun.produce_files` sends them; ``note`` hears each line the job will
+    dead-letter, by file and line number."""
+    out: list[tuple[bytes, int, str | None]] = []
+    ts = origin_ms
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        key, problem = None, None
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            record, problem = None, f"not JSON ({exc.msg})"
+        if record is not None and not isinstance(record, dict):
+            problem = f"not a JSON object (a {type(record).__name__})"
+        elif isinstance(record, dict):
+            given = record.get("ts")
+            if isinstance(given, int | float) and not isinstance(given, bool) \
+                    and given >= 0 and given == int(given):
+                ts = int(given)
+            else:
+                problem = ("no ts" if "ts" not in record else
+                           f"ts is {json.dumps(given)}, not a whole number of epoch ms ≥ 0")
+            key = None if record.get("key") is None else str(record["key"])
+        if problem is not None and note is not None:
+            note(f"{path}:{n}: {problem}: sent at the previous line's time; the job "
+                 "dead-letters it")
+        out.append((line.encode(), ts, key))
+    return out

@@ -80,7 +80,9 @@ def ddl(kind: str, name: str, roots: tuple[Path, ...] = ()) -> str:
     parts = []
     for f in definition(kind, name, roots)["fields"]:
         if f["type"] not in _DDL:
-            raise ValueError(f"schemas/{kind}/{name}.json: {f['name']!r} has no DDL type")
+            raise ValueError(f"{find(kind, name, roots)}: field {f['name']!r} has type "
+                             f"{f['type']!r}, which a record cannot have (known: "
+                             f"{', '.join(_DDL)})")
         parts.append(f"{f['name']} {_DDL[f['type']]}")
     return ", ".join(parts)
 
@@ -93,8 +95,8 @@ def arrow_schema(kind: str, name: str, roots: tuple[Path, ...] = ()) -> pa.Schem
             typ = _TYPES[f["type"]]
         except KeyError:
             raise ValueError(
-                f"schemas/{kind}/{name}.json: field {f['name']!r} has unknown type {f['type']!r} "
-                f"(known: {', '.join(_TYPES)})"
+                f"{find(kind, name, roots)}: field {f['name']!r} has unknown type "
+                f"{f['type']!r} (known: {', '.join(_TYPES)})"
             ) from None
         fields.append(pa.field(f["name"], typ, nullable=f.get("nullable", True)))
     return pa.schema(fields)

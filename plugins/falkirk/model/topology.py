@@ -41,19 +41,33 @@ class ChecksSettings(BaseModel):
 class PipelineSettings(BaseModel):
     """``settings``: what every region's epochs depend on. No defaults for what changes
     results: an epoch length or origin a user forgot would cut other epochs silently.
-    Further keys are the application's own (read by its jobs)."""
+    The application's own settings go under ``app`` (read by its jobs as
+    ``pipeline.app``): any other key is a typo, refused with the nearest known key."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     epoch_seconds: float = Field(gt=0)  # epochs are event-time windows of this length
     origin_ms: int = Field(ge=0)  # the start of epoch 0, in epoch milliseconds
     checks: ChecksSettings = Field(default_factory=ChecksSettings)
+    app: dict[str, Any] = Field(default_factory=dict)  # the application's own settings
 
 
 def _settings_error(exc: ValidationError) -> str:
-    """Pydantic's errors as 'settings.<key>: <rule> (got <value>)', one per line."""
+    """Pydantic's errors as 'settings.<key>: <rule> (got <value>)'; an unknown key with
+    the known key it most likely meant."""
+    import difflib
+
     parts = []
     for err in exc.errors():
         key = ".".join(str(x) for x in ("settings", *err["loc"]))
+        if err["type"] == "extra_forbidden":
+            model = ChecksSettings if err["loc"][:1] == ("checks",) else PipelineSettings
+            near = difflib.get_close_matches(str(err["loc"][-1]), model.model_fields, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            parts.append(f"{key}: unknown setting ({hint}the pipeline's own settings go "
+                         "under settings.app)" if model is PipelineSettings else
+                         f"{key}: unknown setting ({hint}known: "
+                         f"{', '.join(model.model_fields)})")
+            continue
         got = "" if err["type"] == "missing" else f" (got {err['input']!r})"
         parts.append(f"{key}: {err['msg'].lower()}{got}")
     return "; ".join(parts)
@@ -158,6 +172,11 @@ class Pipeline:
         return next((e for e in self.out_edges(region)
                      if e.kind == "delta" and e.table_schema == "dead_letters"), None)
 
+    @property
+    def app(self) -> dict[str, Any]:
+        """The application's own settings (``settings.app``), read by its jobs."""
+        return self.settings.get("app") or {}
+
     def checks_setting(self, name: str, default: Any = None) -> Any:
         """``settings.checks.<name>`` of the declaration (read by the validator, and by the
         jobs and the harness for ``hold``)."""
@@ -174,6 +193,11 @@ class Pipeline:
         import yaml
 
         path = Path(path)
+        if path.is_dir():  # a pipeline folder: its declaration inside
+            path = path / "pipeline.yaml"
+            if not path.is_file():
+                raise TopologyError(f"{path.parent}: a folder without a pipeline.yaml (a "
+                                    "pipeline folder holds its declaration there)")
         try:
             raw = yaml.safe_load(path.read_text())
         except OSError as exc:
@@ -203,7 +227,7 @@ class Pipeline:
     def check_files(self) -> None:
         """Every job entry point and table schema the declaration names exists: found now,
         not when a job starts (or, worse, when its first epoch writes)."""
-        from falkirk.model.schemas import find
+        from falkirk.model.schemas import arrow_schema, ddl, find
 
         for spec in self.regions.values():
             if spec.job and not self.job_path(spec.job).is_file():
@@ -219,6 +243,15 @@ class Pipeline:
                     raise TopologyError(f"{self.source}: edge {e.name!r}: table schema "
                                         f"{e.table_schema}.json not found (looked in "
                                         f"{where} and falkirk's schemas/tables)")
+        for e in self.edges.values():  # column types: refused now, not 11 s into a run
+            try:
+                if e.kind == "delta" and e.src is not None:
+                    arrow_schema("tables", e.table_schema, self.schema_roots)
+                elif (e.kind == "kafka" and e.src is None
+                      and find("records", e.topic, self.schema_roots, others=False)):
+                    ddl("records", e.topic, self.schema_roots)
+            except (ValueError, KeyError) as exc:
+                raise TopologyError(f"{self.source}: edge {e.name!r}: {exc}") from None
 
     @classmethod
     def from_dict(cls, raw: Any, origin: str = "pipeline") -> Pipeline:
@@ -414,13 +447,17 @@ def check_declared() -> dict[str, tuple[Path, str | None]]:
 
 
 def load_pipeline(name_or_path: str | Path) -> Pipeline:
-    """A declared pipeline by name, or a declaration file by path."""
+    """A declared pipeline by name; else a pipeline folder (its ``pipeline.yaml``) or a
+    declaration file by path. A declared name wins over a same-named folder in the
+    current directory (the guide's layout has both: ``sensors/`` is that pipeline)."""
+    name = str(name_or_path)
     path = Path(name_or_path)
+    files = declared() if NAME_RULE.match(name) else {}
+    if name in files:
+        return Pipeline.load(files[name])
     if path.suffix in (".yaml", ".yml") or path.exists():
         return Pipeline.load(path)
-    files = declared()
-    if str(name_or_path) not in files:
-        raise TopologyError(
-            f"unknown pipeline {str(name_or_path)!r} (declared: {', '.join(files) or 'none'})"
-        )
-    return Pipeline.load(files[str(name_or_path)])
+    raise TopologyError(
+        f"unknown pipeline {name!r}: not a declared name (declared: "
+        f"{', '.join(files or declared()) or 'none'}; falkirk finds declarations in "
+        "$FALKIRK_PIPELINES and a checkout's examples/) nor a pipeline folder or file")

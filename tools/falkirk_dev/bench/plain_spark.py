@@ -168,8 +168,8 @@ def compute(spark: SparkSession, bootstrap: str, pipeline, jobs: dict[str, Modul
     events = events.persist()
     purchases = ingest.purchases(events).persist()
     interactions = ingest.interactions(events).persist()
-    popularity = popularity_all(purchases, int(s["popularity_window"]), int(s["top_n"]),
-                                last_epoch, conform).persist()
+    popularity = popularity_all(purchases, int(pipeline.app["popularity_window"]),
+                                int(pipeline.app["top_n"]), last_epoch, conform).persist()
     labels, rounds = temporal_components(interactions, last_epoch)
     user_community = conform(labels.filter(F.col("node_id") % 2 == 0)
                              .withColumn("user_id", F.shiftright(F.col("node_id"), 1)),
