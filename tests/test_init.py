@@ -120,6 +120,9 @@ def test_run_commits_every_epoch_and_dead_letters_malformed_records(clicks):
     sent = sum(1 for line in (folder / "input" / "clicks.jsonl").read_text().splitlines()
                if line.strip())
     assert len(got["clean_clicks"]) + len(reasons) == sent
+    # the line that is not JSON is named before anything runs (the others are JSON)
+    assert f"{folder / 'input' / 'clicks.jsonl'}:66: not JSON (Expecting value): sent at " \
+           "the previous line's time; the job dead-letters it" in out
 
 
 def test_each_table_has_one_writing_engine(clicks):
