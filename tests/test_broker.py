@@ -130,3 +130,44 @@ def test_a_cluster_id_never_starts_with_a_dash(monkeypatch):
     drawn = iter([dash_first, plain])
     monkeypatch.setattr(broker_module.uuid, "uuid4", lambda: next(drawn))
     assert broker_module._new_cluster_id() == "AAAAAAAAAAAAAAAAAAAAAA"
+
+
+@pytest.mark.slow
+def test_falkirk_broker_starts_one_that_outlives_the_command_and_stops_it(tmp_path):
+    """Under Airflow the jobs talk to the profile's broker address: `falkirk broker start`
+    puts the embedded one there, in a session of its own, and `stop` ends it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from falkirk.local.broker import free_port
+
+    port = free_port()
+    env = {**os.environ, "FALKIRK_VAR_DIR": str(tmp_path / "var"),
+           "FALKIRK_BROKER_DATA_DIR": str(tmp_path / "var" / "broker"),
+           "FALKIRK_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}"}
+
+    def falkirk(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "falkirk.cli", "broker", *args],
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    down = falkirk("status")
+    assert down.returncode == 1 and f"broker 127.0.0.1:{port}: down" in down.stdout
+    started = falkirk("start")
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.startswith(f"broker 127.0.0.1:{port}: started")
+    try:
+        assert _port_open(port)  # the command has exited; its broker has not
+        status = json.loads(falkirk("status", "--json").stdout)
+        assert status["answering"] and group_members(status["pgid"])
+        assert "already answering" in falkirk("start").stdout
+    finally:
+        stopped = falkirk("stop")
+    assert stopped.stdout.strip() == "stopped"
+    assert not _port_open(port) and not group_members(status["pgid"])
+    assert "no broker started by falkirk broker start" in falkirk("stop").stdout
+    env["FALKIRK_KAFKA_BOOTSTRAP"] = "10.0.0.5:9092,10.0.0.6:9092"
+    refused = falkirk("start")
+    assert refused.returncode == 2
+    assert "not one embedded broker on this machine" in refused.stderr

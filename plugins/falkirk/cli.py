@@ -286,6 +286,35 @@ def cmd_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_broker(args: argparse.Namespace) -> int:
+    """Start, stop or show the embedded Kafka broker at the profile's address."""
+    from falkirk.config import load
+    from falkirk.local import broker
+
+    cfg = load()
+    try:
+        if args.action == "start":
+            found, started = broker.start_embedded(cfg)
+            print(f"broker {found.bootstrap}: " + ("started" if started else
+                                                   "already answering")
+                  + f" (data {found.data_dir}, log {found.log_path})")
+            return 0
+        if args.action == "stop":
+            print("stopped" if broker.stop_embedded(cfg) else
+                  "no broker started by falkirk broker start is running")
+            return 0
+        info = broker.embedded_status(cfg)
+    except broker.BrokerError as err:
+        raise CliError(str(err)) from None
+    if args.json:
+        print(json.dumps(info))
+    else:
+        print(f"broker {info['bootstrap']}: {'answering' if info['answering'] else 'down'}"
+              + (f", process group {info['pgid']}" if info["pgid"] else "")
+              + f"; log {info['log']}")
+    return 0 if info["answering"] else 1
+
+
 def cmd_bound(args: argparse.Namespace) -> int:
     """Declare the pipeline's input ended where its topics end now (a bounded run)."""
     from falkirk.runtime.bounds import declare_bounds
@@ -536,6 +565,13 @@ def build_parser() -> argparse.ArgumentParser:
                    default="status")
     p.add_argument("--json", action="store_true", help="status as JSON")
     p.set_defaults(func=cmd_engine)
+
+    p = sub.add_parser("broker", help="the embedded Apache Kafka broker (KRaft) at the "
+                       "profile's address (127.0.0.1:19092 locally), for jobs under Airflow; "
+                       "FALKIRK_KAFKA_BOOTSTRAP points falkirk at an existing cluster instead")
+    p.add_argument("action", choices=("start", "stop", "status"), nargs="?", default="status")
+    p.add_argument("--json", action="store_true", help="status as JSON")
+    p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("bound", help="declare the input ended where its topics end now: "
                        "jobs end after its last epoch (a bounded run)")

@@ -384,3 +384,62 @@ class LocalBroker:
         state = "running" if self.running else "stopped"
         return f"LocalBroker({str(self.data_dir)!r}, port={self.port}, {state})"
 
+
+
+# ---- the embedded broker at the profile's address (`falkirk broker`) -------------------
+
+PID_NAME = "broker.pgid"
+
+
+def embedded(cfg) -> LocalBroker:
+    """The embedded broker of a profile: on the port of its ``kafka_bootstrap`` (one
+    loopback address), its data in ``broker_data_dir`` (``<var_dir>/broker``)."""
+    host, _, port = cfg.kafka_bootstrap.partition(":")
+    if "," in cfg.kafka_bootstrap or host not in ("127.0.0.1", "localhost") \
+            or not port.isdigit():
+        raise BrokerError(f"profile {cfg.env!r} names the broker(s) {cfg.kafka_bootstrap}: "
+                          "not one embedded broker on this machine (FALKIRK_KAFKA_BOOTSTRAP "
+                          "points falkirk at an existing cluster; falkirk broker starts "
+                          "only a loopback one)")
+    folder = Path(cfg.broker_data_dir or Path(cfg.var_dir) / "broker")
+    return LocalBroker(folder, port=int(port))
+
+
+def start_embedded(cfg) -> tuple[LocalBroker, bool]:
+    """Start the profile's embedded broker in a session of its own, which outlives this
+    process (its process group is kept in ``<data>/broker.pgid``); (broker, started now).
+    One that answers already is left as it is."""
+    broker = embedded(cfg)
+    if _listening(broker.port):
+        return broker, False
+    broker.start()
+    (broker.data_dir / PID_NAME).write_text(f"{broker._proc.pid}\n")
+    return broker, True
+
+
+def stop_embedded(cfg) -> bool:
+    """Stop the embedded broker ``falkirk broker start`` started (SIGTERM: it flushes and
+    closes its logs; SIGKILL after 30 s); whether one was running."""
+    from falkirk.runtime.procs import stop_group
+
+    broker = embedded(cfg)
+    path = broker.data_dir / PID_NAME
+    try:
+        pgid = int(path.read_text())
+    except (OSError, ValueError):
+        return False
+    running = bool(group_members(pgid))
+    if running:
+        stop_group(pgid, STOP_TIMEOUT_S)
+    path.unlink(missing_ok=True)
+    return running
+
+
+def embedded_status(cfg) -> dict:
+    """Where the embedded broker is and whether it answers."""
+    broker = embedded(cfg)
+    path = broker.data_dir / PID_NAME
+    pgid = int(path.read_text()) if path.is_file() and path.read_text().strip() else None
+    return {"bootstrap": broker.bootstrap, "answering": _listening(broker.port),
+            "pgid": pgid if pgid is not None and group_members(pgid) else None,
+            "data": str(broker.data_dir), "log": str(broker.log_path)}
