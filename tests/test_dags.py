@@ -352,26 +352,223 @@ def test_a_batch_epoch_whose_engine_dies_under_it_runs_again_in_the_same_try(
             e.wait()
 
 
+def _empty_lake(tmp_path, monkeypatch):
+    """FALKIRK_LAKE and FALKIRK_VAR_DIR at folders of this test (the lake not made yet)."""
+    from falkirk.config import load
+
+    monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
+    monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path / "var"))
+    return load()
+
+
+def _ingest_committed(cfg, epochs: range) -> None:
+    """ingest (the reference pipeline's region that popularity reads, delay 0) committed
+    these epochs in the epoch log."""
+    from falkirk.log.epochlog import EpochLog, EpochRecord
+
+    EpochLog.from_config(cfg).record(*(EpochRecord("reference", "ingest", e, 0, "committed")
+                                       for e in epochs))
+
+
+def _batch_dag():
+    """The batch DAG as the scheduler holds it, from a fresh parse of the DAG file (what
+    the DAG processor does every ~30 s): serialized and read back, so its timetable is the
+    one the falkirk plugin registered."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    bag = DagBag(dag_folder=str(REPO_ROOT / "dags" / "falkirk_pipelines.py"))
+    assert bag.import_errors == {}
+    return DagSerialization.from_dict(DagSerialization.to_dict(bag.dags[BATCH]))
+
+
+def _runs(dag, after=None, most: int = 200) -> list:
+    """The runs the scheduler makes, one after another: each asks the DAG for the run
+    after the last one made (its start_date, end_date and timetable), until there is none.
+    ``after``: the last run made before."""
+    infos, info = [], after
+    while (info := dag.next_dagrun_info(last_automated_run_info=info)) is not None:
+        infos.append(info)
+        assert len(infos) <= most, "the runs do not end"
+    return infos
+
+
+def _epochs(infos) -> list[int]:
+    """The epochs of runs, each checked to be exactly one epoch's window."""
+    from falkirk.airflow.batch import epoch_of
+
+    infos = list(infos)
+    for info in infos:
+        assert info.data_interval.end - info.data_interval.start == timedelta(seconds=10)
+        assert info.run_after == info.data_interval.end
+    return [epoch_of("reference", info.data_interval.start) for info in infos]
+
+
+def test_every_epoch_the_inputs_committed_gets_a_batch_run_however_many(airflow_env,
+                                                                        tmp_path, monkeypatch):
+    """Issue 59: a 20-epoch pipeline got 10 batch runs, silently (a fixed default cap).
+    The batch DAG now runs every epoch its input has: with 25 epochs committed, 25 runs,
+    epochs 0..24, each one epoch's window, none skipped, none after; once more are
+    committed the next parse makes their runs, after the last one made."""
+    from falkirk.airflow.batch import origin
+    from falkirk.model.topology import load_pipeline
+
+    monkeypatch.delenv("FALKIRK_BATCH_EPOCHS", raising=False)
+    monkeypatch.delenv("FALKIRK_BATCH_FIRST_EPOCH", raising=False)
+    cfg = _empty_lake(tmp_path, monkeypatch)
+    _ingest_committed(cfg, range(25))
+    dag = _batch_dag()
+    assert dag.end_date is None  # no cap
+    runs = _runs(dag)
+    assert _epochs(runs) == list(range(25))
+    assert runs[0].data_interval.start == origin(load_pipeline("reference"))
+    # what a backfill over all time would make, too (Airflow's iteration of the timetable)
+    assert _epochs(dag.iter_dagrun_infos_between(None, runs[-1].data_interval.end
+                                                 + timedelta(days=365))) == list(range(25))
+    _ingest_committed(cfg, range(25, 31))
+    assert _epochs(_runs(_batch_dag(), after=runs[-1])) == list(range(25, 31))
+    assert _runs(_batch_dag(), after=_runs(_batch_dag())[-1]) == []
+
+
+def test_with_nothing_committed_the_batch_dag_parses_and_schedules_nothing(airflow_env,
+                                                                         tmp_path,
+                                                                         monkeypatch):
+    """No lake yet, then a lake whose log has no epoch of the input: the DAG parses and
+    no run is due (not one per 10 s since the origin, in 2024). The first committed epoch
+    makes the first run."""
+    from airflow.models.dag import DagModel
+
+    from falkirk.airflow.batch import origin
+    from falkirk.log.epochlog import EpochLog, EpochRecord
+    from falkirk.model.topology import load_pipeline
+
+    monkeypatch.delenv("FALKIRK_BATCH_EPOCHS", raising=False)
+    monkeypatch.delenv("FALKIRK_BATCH_FIRST_EPOCH", raising=False)
+    cfg = _empty_lake(tmp_path, monkeypatch)
+    dag = _batch_dag()
+    assert _runs(dag) == []
+    assert list(dag.iter_dagrun_infos_between(None, dag.start_date + timedelta(days=9999))) \
+        == []
+    assert not (tmp_path / "lake").exists()  # looked for, not made
+    # what the DAG processor records after a parse (and the scheduler after a run): no run
+    dm = DagModel(dag_id=BATCH)
+    dm.calculate_dagrun_date_fields(dag, reference_run=None)
+    assert dm.next_dagrun is None and dm.next_dagrun_create_after is None
+    EpochLog.from_config(cfg).record(EpochRecord("reference", "serve", 0, 0, "committed"))
+    assert _runs(_batch_dag()) == []  # another region's epochs are not popularity's input
+    _ingest_committed(cfg, range(1))
+    dm.calculate_dagrun_date_fields(_batch_dag(), reference_run=None)
+    start = origin(load_pipeline("reference"))
+    assert (dm.next_dagrun, dm.next_dagrun_create_after) == (start,
+                                                             start + timedelta(seconds=10))
+    assert _epochs(_runs(_batch_dag())) == [0]
+
+
+def test_batch_runs_end_where_the_input_ended_and_follow_each_kind_of_input(tmp_path,
+                                                                           monkeypatch):
+    """The last epoch a batch region's inputs can be complete for, per kind of input: a
+    Delta edge's sender's latest committed epoch plus its delay (not past an epoch held
+    back for delay 0), or its end once its input ended; a Kafka input as far as the
+    topic's readers got, one past the region's own latest, never past the epoch a reader
+    reached the declared bound in; never past the region's own end."""
+    import json
+
+    from falkirk.airflow.batch import schedulable_through
+    from falkirk.log.epochlog import EpochLog, EpochRecord
+    from falkirk.model.topology import Pipeline
+
+    folder = tmp_path / "p"
+    (folder / "jobs").mkdir(parents=True)
+    (folder / "schemas" / "tables").mkdir(parents=True)
+    (folder / "pipeline.yaml").write_text(CLICKS.replace(
+        "  totals: {regime: eager, job: jobs/totals.py}",
+        "  totals: {regime: eager, job: jobs/totals.py}\n"
+        "  dims: {regime: eager, job: jobs/dims.py}").replace(
+        "  clicks: {kind: kafka, to: ingest, topic: clicks}",
+        "  clicks: {kind: kafka, to: ingest, topic: clicks}\n"
+        "  raw: {kind: kafka, to: counts, topic: clicks}\n"
+        "  dim_feed: {kind: kafka, to: dims, topic: dims}\n"
+        "  sides: {kind: delta, from: dims, to: counts, table: sides, delay: 2}"))
+    for job in ("ingest", "counts", "totals", "dims"):
+        (folder / "jobs" / f"{job}.py").write_text("")
+    for table in ("clean", "per_page", "user_totals", "sides"):
+        (folder / "schemas" / "tables" / f"{table}.json").write_text(json.dumps(
+            {"table": table, "fields": [{"name": "epoch", "type": "int64"}]}))
+    pipeline = Pipeline.load(folder / "pipeline.yaml")
+    log = EpochLog(str(tmp_path / "lake" / "_falkirk_log"))
+
+    def commit(region, epochs, status="committed", inputs=None):
+        log.record(*(EpochRecord("clicks", region, e, 0, status,
+                                 inputs=inputs(e) if inputs else None) for e in epochs))
+
+    def through():
+        return schedulable_through(pipeline, "counts", log)
+
+    # nothing yet: clean (delay 0) has nothing; raw: counts' own first epoch may run
+    assert through() == -1
+    commit("dims", range(10))  # the side input (delay 2) is far ahead
+    commit("ingest", range(4), inputs=lambda e: {"clicks": {"from": {"0": e * 10},
+                                                            "to": {"0": e * 10 + 10}}})
+    assert through() == 3  # clean: ingest committed 0..3; the topic too
+    commit("ingest", [4], "quarantined")
+    commit("ingest", range(5, 8))
+    assert through() == 3  # epoch 4 held back: no run reads past it
+    commit("ingest", [4])  # its checks passed on a rerun
+    assert through() == 7
+    commit("counts", range(8))
+    assert through() == 7  # clean still bounds it (the topic alone: epoch 8)
+    log.record_end("clicks", ["ingest"], 7, 0)
+    assert through() == 7  # ingest ended after epoch 7: nothing after it for clean
+    commit("ingest", range(8, 12))  # (a rerun went further: the end still bounds)
+    assert through() == 7
+    # the side input bounds when it is the one behind: dims' epoch 4 + delay 2
+    log2 = EpochLog(str(tmp_path / "lake2" / "_falkirk_log"))
+    log2.record(*(EpochRecord("clicks", "dims", e, 0, "committed") for e in range(5)))
+    log2.record(*(EpochRecord("clicks", "ingest", e, 0, "committed") for e in range(20)))
+    assert schedulable_through(pipeline, "counts", log2) == 6
+    # the topic declared ended at offset 45: ingest's epoch 4 reached it; no run after
+    log2.record(*(EpochRecord("clicks", "dims", e, 0, "committed") for e in range(5, 30)))
+    assert schedulable_through(pipeline, "counts", log2) == 19
+    log2.record_bound("clicks", "clicks", {"0": 45})
+    assert schedulable_through(pipeline, "counts", log2) == 19  # no range logged: unknown
+    log2.record(EpochRecord("clicks", "ingest", 4, 0, "committed",
+                            inputs={"clicks": {"from": {"0": 40}, "to": {"0": 45}}}))
+    assert schedulable_through(pipeline, "counts", log2) == 4
+    # the region's own end bounds it whatever its inputs say
+    log.record_end("clicks", ["counts"], 5, 0)
+    assert through() == 5
+
+
 def test_batch_runs_can_start_at_a_later_epoch_and_bad_bounds_are_refused(airflow_env,
+                                                                            tmp_path,
                                                                             monkeypatch):
     """FALKIRK_BATCH_FIRST_EPOCH hands a region to Airflow mid-stream: the first run's data
-    interval is that epoch's window; bounds that schedule nothing, or are not numbers, are
-    refused naming the variable."""
+    interval is that epoch's window, and the runs go on through every epoch committed;
+    FALKIRK_BATCH_EPOCHS, when set, caps them; bounds that schedule nothing, or are not
+    numbers, are refused naming the variable."""
     from falkirk.airflow.batch import origin, schedule
     from falkirk.model.topology import load_pipeline
 
     start = origin(load_pipeline("reference"))
+    monkeypatch.delenv("FALKIRK_BATCH_EPOCHS", raising=False)
+    monkeypatch.setenv("FALKIRK_BATCH_FIRST_EPOCH", "20")
+    cfg = _empty_lake(tmp_path, monkeypatch)
+    _ingest_committed(cfg, range(25))
+    dag = _batch_dag()
+    assert dag.start_date == start + timedelta(seconds=200) and dag.end_date is None
+    assert _epochs(_runs(dag)) == [20, 21, 22, 23, 24]
     monkeypatch.setenv("FALKIRK_BATCH_FIRST_EPOCH", "3")
     monkeypatch.setenv("FALKIRK_BATCH_EPOCHS", "5")
-    got = schedule("reference")
+    got = schedule("reference", "popularity")
     assert got["start_date"] == start + timedelta(seconds=30)
     assert got["end_date"] == start + timedelta(seconds=49)
+    assert _epochs(_runs(_batch_dag())) == [3, 4]
     monkeypatch.setenv("FALKIRK_BATCH_FIRST_EPOCH", "5")
     with pytest.raises(ValueError, match="FALKIRK_BATCH_FIRST_EPOCH=5 must be below"):
-        schedule("reference")
+        schedule("reference", "popularity")
     monkeypatch.setenv("FALKIRK_BATCH_FIRST_EPOCH", "three")
     with pytest.raises(ValueError, match="FALKIRK_BATCH_FIRST_EPOCH='three'"):
-        schedule("reference")
+        schedule("reference", "popularity")
 
 
 def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(

@@ -79,8 +79,12 @@ BATCH_DOC = """
 One run per epoch. Epochs are event-time windows of the pipeline settings
 (`epoch_seconds`, `origin_ms` in `{source}`): the run whose data interval starts at
 `origin + k × epoch_seconds` computes epoch *k*; catchup runs the epochs one after
-another, from `FALKIRK_BATCH_FIRST_EPOCH` (default 0) to `FALKIRK_BATCH_EPOCHS` − 1
-(default 10).
+another, from `FALKIRK_BATCH_FIRST_EPOCH` (default 0), every epoch the pipeline has,
+none skipped: epoch *k* gets its run once the epoch log shows its inputs there (each
+Delta input's sender committed *k* − delay, or its input ended; a Kafka input as far as
+the topic's readers got, up to its declared bound), checked at every parse of the DAG
+file (about every 30 s) and after each run is made. No cap unless `FALKIRK_BATCH_EPOCHS`
+is set: then no run for that epoch or later.
 
 - **{r}**: {run}. The job waits for the epoch's inputs (up to 10 minutes) and writes the
   epoch's outputs exactly once, so clearing a run reruns its epoch safely. A failed
@@ -225,7 +229,7 @@ def batch_dag(pipeline: Pipeline, region: str) -> DAG:
         default_args=DEFAULT_ARGS,
         user_defined_macros=batch.macros(p),
         tags=[*TAGS, "batch", p],
-        **batch.schedule(p),
+        **batch.schedule(p, region),
     ) as dag:
         if load().spark_remote:  # a client of the engine, in the task's process
             run = PythonOperator(task_id=region, python_callable=batch.run_epoch,
