@@ -150,17 +150,16 @@ def _row(run, region: str, epoch: int) -> EpochRecord:
 
 def _replace_epoch(run, spark, table: str, epoch: int, rows: list[dict]) -> int:
     """A new version of ``table`` whose rows of ``epoch`` are ``rows`` (a bad commit),
-    written by delta-spark as every commit of a data table is."""
-    from deltalake import DeltaTable
+    committed by delta-rs as every commit of a data table is."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
 
-    from falkirk.io.delta import spark_schema
     from falkirk.model.schemas import arrow_schema
 
-    schema = spark_schema(arrow_schema("tables", run.pipeline.edges[table].table_schema,
-                                       run.pipeline.schema_roots))
-    (spark.createDataFrame([tuple(r[f.name] for f in schema.fields) for r in rows], schema)
-     .write.format("delta").mode("overwrite").option("replaceWhere", f"epoch = {epoch}")
-     .save(run.cfg.table(table)))
+    schema = arrow_schema("tables", run.pipeline.edges[table].table_schema,
+                          run.pipeline.schema_roots)
+    write_deltalake(run.cfg.table(table), pa.Table.from_pylist(rows, schema=schema),
+                    mode="overwrite", predicate=f"epoch = {epoch}")
     return DeltaTable(run.cfg.table(table)).version()
 
 

@@ -104,10 +104,10 @@ def test_an_epochs_spark_jobs_are_named_by_pipeline_region_epoch_and_generation(
     assert jobs_in_group(spark, group) > 0  # the write's Spark jobs (Connect: stages)
 
 
-def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, tmp_path):
-    """Cross-engine: delta-rs (CLI, Airflow tasks, checks) reads what delta-spark wrote, at
-    every version, including a RESTORE (delta-rs's own, on a table delta-spark wrote), and
-    delta-spark reads the restored table the same."""
+def test_tables_committed_by_delta_rs_read_by_delta_spark_at_each_version(spark, tmp_path):
+    """Cross-engine: delta-spark reads what the writer committed (Spark's Parquet files,
+    delta-rs's commits) at every version, including a RESTORE, as delta-rs reads it:
+    time travel keeps working for delta-spark readers."""
     uri = str(tmp_path / "out")
     writer = EpochWriter(spark, uri, "agg", 1, SCHEMA)
     writer.ensure_table()
@@ -121,11 +121,10 @@ def test_tables_written_by_delta_spark_read_by_delta_rs_at_each_version(spark, t
                   c[0]["commitInfo"].get("engineInfo", c[0]["commitInfo"].get(
                       "clientVersion", "?")).split(" ")[0].split(":")[0])
                  for c in commits(uri) if "commitInfo" in c[0]}
-    # every epoch's commit from delta-spark, the rollback's RESTORE from delta-rs
-    assert {op for op, engine in by_engine if not engine.startswith("Apache-Spark/")} == {
-        "RESTORE"}, by_engine
-    assert ("RESTORE", "delta-rs") in by_engine, by_engine
-    # and delta-spark writes on after delta-rs's RESTORE, exactly once per epoch
+    # delta-rs is the table's one writing engine: creation, epochs, the RESTORE
+    assert by_engine == {("CREATE TABLE", "delta-rs"), ("WRITE", "delta-rs"),
+                         ("RESTORE", "delta-rs")}, by_engine
+    # and the writer goes on after the RESTORE, exactly once per epoch
     writer2 = EpochWriter(spark, uri, "agg", 2, SCHEMA)
     write_epochs(spark, writer2, range(2, 4))
     for epoch in range(2, 4):  # replayed: skipped by its txn
@@ -269,19 +268,71 @@ def test_replayed_epoch_is_skipped_in_same_generation(spark, tmp_path):
     assert again.version_of(1) == 2 and again.version_of(5) is None
 
 
-def test_a_writer_whose_check_raced_is_still_skipped_by_delta(spark, tmp_path, monkeypatch):
-    """Two writers of one app id: the late one checked before the first committed (forced
-    here), so only Delta's own transaction check inside the commit stands between the
-    epoch and a second copy: it holds, and the late writer reports the epoch as done."""
+def test_a_fence_landing_between_a_writers_check_and_its_commit_stops_the_commit(
+        spark, tmp_path, monkeypatch):
+    """A writer of generation 1 (a job a rollback is stopping) found epoch 2 not committed
+    and is about to commit; the rollback's fence of generation 1 lands now (forced with a
+    hold point). delta-rs refuses the commit (a concurrent transaction of its app id), the
+    writer looks again, finds itself fenced and commits nothing; generation 2 then writes
+    the epoch once."""
+    import threading
+
+    from falkirk.faults import HOLD_DIR_ENV, HOLD_ENV, hold_file
+    from falkirk.io.delta import fence_older_generations
+
     uri = str(tmp_path / "out")
-    first = EpochWriter(spark, uri, "agg", 1, SCHEMA)
-    first.ensure_table()
-    late = EpochWriter(spark, uri, "agg", 1, SCHEMA)
-    late.ensure_table()
-    monkeypatch.setattr(late, "is_committed", lambda epoch: False)  # its check ran earlier
-    assert first.write_epoch(epoch_frame(spark, 0, ROWS), 0) is not None
-    assert late.write_epoch(epoch_frame(spark, 0, ROWS), 0) is None
-    assert table_ids(spark, uri) == expected_ids([0])
+    old = EpochWriter(spark, uri, "agg", 1, SCHEMA)
+    old.ensure_table()
+    write_epochs(spark, old, range(2))
+    monkeypatch.setenv(HOLD_ENV, "writer:checked")
+    monkeypatch.setenv(HOLD_DIR_ENV, str(tmp_path))
+    done: dict = {}
+    zombie = threading.Thread(target=lambda: done.update(
+        result=old.write_epoch(epoch_frame(spark, 2, ROWS), 2)))
+    zombie.start()
+    reached = hold_file(tmp_path, "writer:checked", "reached")
+    deadline = time.monotonic() + 120
+    while not reached.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reached.exists(), "the old writer never reached its commit"
+    monkeypatch.delenv(HOLD_ENV)
+    assert fence_older_generations(uri, "agg", 2) == [app_id_for("agg", 1),
+                                                      app_id_for("agg", 0)]
+    hold_file(tmp_path, "writer:checked", "release").write_text("")
+    zombie.join(timeout=120)
+    assert done == {"result": None}  # fenced: nothing committed
+    assert table_ids(spark, uri) == expected_ids(range(2))
+    new = EpochWriter(spark, uri, "agg", 2, SCHEMA)
+    new.ensure_table()
+    assert new.write_epoch(epoch_frame(spark, 2, ROWS), 2) is not None
+    assert table_ids(spark, uri) == expected_ids(range(3))
+
+
+def test_a_pass_of_several_epochs_is_one_spark_write_and_a_commit_per_epoch(spark,
+                                                                           tmp_path):
+    """A multi-epoch pass: one Spark job writes every epoch's files, and each epoch is its
+    own commit (its own version and transaction), so a rollback can restore any one;
+    an epoch with no rows commits only its transaction, and a replayed pass commits
+    only what is missing."""
+    from pyspark.sql import functions as F
+
+    from falkirk.io.delta import PASS_COLUMN
+
+    uri = str(tmp_path / "out")
+    writer = EpochWriter(spark, uri, "agg", 1, SCHEMA)
+    writer.ensure_table()
+    frames = [epoch_frame(spark, e, ROWS).withColumn(PASS_COLUMN, F.lit(e))
+              for e in (0, 1, 3)]
+    both = frames[0].unionByName(frames[1]).unionByName(frames[2])
+    results = writer.write_epochs(both, [0, 1, 2, 3])
+    assert [results[e].version for e in range(4)] == [1, 2, 3, 4]
+    for e in range(4):
+        assert table_ids(spark, uri, results[e].version) == expected_ids(
+            [x for x in (0, 1, 3) if x <= e])
+    assert DeltaTable(uri).transaction_version(writer.app_id) == 3
+    again = writer.write_epochs(both, [2, 3, 4])
+    assert again[2] is None and again[3] is None and again[4].version == 5
+    assert table_ids(spark, uri) == expected_ids([0, 1, 3])
 
 
 def test_empty_epoch_commits_the_transaction(spark, tmp_path):

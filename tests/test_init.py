@@ -33,41 +33,10 @@ def falkirk(*args: str, env: dict | None = None, timeout: float = 900
 
 
 @pytest.fixture(scope="module", autouse=True)
-def installed(tmp_path_factory, wheel):
-    """falkirk installed from its wheel into a virtual environment of its own, outside the
-    checkout, with its JVM jars fetched by ``falkirk jars`` into its own home. Its
-    dependencies are this checkout's (a path file links their site-packages; the
-    checkout's editable path file is not read), so nothing is downloaded but the jars,
-    from the local Maven cache."""
-    import shutil
-    import sysconfig
-
-    root = tmp_path_factory.mktemp("user_install")
-    uv = [shutil.which("uv")] if shutil.which("uv") else ["python3", "-m", "uv"]
-    venv = root / "venv"
-    subprocess.run([*uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True,
-                   capture_output=True, timeout=120)
-    python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; "
-                              "print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    Path(purelib, "_checkout_dependencies.pth").write_text(
-        sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([*uv, "pip", "install", "-q", "--no-deps", "--python", str(python),
-                    str(wheel)], check=True, capture_output=True, timeout=300)
-    USER.update(python=str(python), env={
-        "FALKIRK_HOME": str(root / "home"), "FALKIRK_JARS_DIR": "",
-        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"})
-    where = subprocess.run(
-        [str(python), "-c", "import falkirk, importlib.util as u; "
-         "print(falkirk.__file__, u.find_spec('falkirk_dev') is None)"],
-        capture_output=True, text=True, cwd=root, env={**os.environ, **USER["env"]})
-    assert where.stdout.split() == [str(Path(purelib, "falkirk", "__init__.py")), "True"], \
-        where.stdout + where.stderr
-    fetched = falkirk("jars")
-    assert fetched.returncode == 0, fetched.stderr
-    assert f"spark: 6 jars in {root / 'home' / 'jvm' / 'lib' / 'spark'}, complete" in \
-        fetched.stdout
+def as_user(installed):
+    """Every command of this module runs falkirk as a user has it: installed from its
+    wheel (tests/conftest.py's ``installed``)."""
+    USER.update(python=installed["python"], env=installed["env"])
     yield
     USER.update(python=sys.executable, env={})
 
@@ -126,8 +95,9 @@ def test_run_commits_every_epoch_and_dead_letters_malformed_records(clicks):
 
 
 def test_each_table_has_one_writing_engine(clicks):
-    """Every commit of the epoch log's tables is delta-rs's (jobs, CLI and Airflow tasks
-    append to it), every commit of a data table delta-spark's (the jobs' writers)."""
+    """Every commit of the epoch log's tables and of the data tables is delta-rs's (jobs,
+    CLI and Airflow tasks append to the log; the jobs' writers commit the Parquet files
+    Spark wrote): one writing engine per table."""
     lake = clicks[0] / ".falkirk" / "run" / "lake"
 
     def engines(table: Path) -> set[str]:
@@ -140,7 +110,7 @@ def test_each_table_has_one_writing_engine(clicks):
     for table in log_tables:
         assert engines(table) == {"delta-rs"}, table.name
     for name in TABLES:
-        assert engines(lake / name) == {"Apache-Spark"}, name
+        assert engines(lake / name) == {"delta-rs"}, name
 
 
 def test_a_failing_job_stops_the_run_at_once_naming_it(clicks, tmp_path):

@@ -12,6 +12,8 @@ The points:
 
 * ``writer:before-commit``: an epoch's output is computed (lazily) but not written: no
   Delta commit made;
+* ``writer:checked``: a writer found its epoch not committed in the snapshot it read and
+  is about to commit against it (a fence landing now must still stop the commit);
 * ``writer:after-commit``: the epoch's Delta commit is made, its epoch log row is not;
 * ``checkpoint:before-save``: the epoch's outputs are committed and its checkpoint's rows
   are ready, but the checkpoint's Delta commit (and so its epoch log row) is not made;
@@ -39,7 +41,7 @@ import time
 from pathlib import Path
 
 POINTS = ("rollback:before-stop", "rollback:after-first-table", "writer:before-commit",
-          "writer:after-commit", "checkpoint:before-save", "runner:fence-checked",
+          "writer:checked", "writer:after-commit", "checkpoint:before-save", "runner:fence-checked",
           "log:before-compaction-commit")
 ENV = "FALKIRK_CRASH_AT"
 HOLD_ENV, HOLD_DIR_ENV = "FALKIRK_HOLD_AT", "FALKIRK_HOLD_DIR"

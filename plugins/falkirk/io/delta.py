@@ -1,13 +1,13 @@
-"""The durable output layer: exactly-once Delta tables written by delta-spark.
+"""The durable output layer: exactly-once Delta tables, delta-rs their one writing engine.
 
-Every epoch's data is written by delta-spark; delta-rs reads the tables where no Spark runs
-(the CLI, Airflow tasks, checks, the report) and restores them in a rollback, when their
-writers are fenced and stopped, so no commit of the other engine can race it:
+Spark writes each epoch's rows as Parquet files; delta-rs commits them, creates, fences,
+restores and deletes (so no commit of another engine can race a rollback), and reads the
+tables where no Spark runs (the CLI, Airflow tasks, checks, the report):
 
-* :class:`EpochWriter` appends one epoch at a time with Delta's idempotent writes:
-  ``txnAppId`` = ``falkirk:{region}:g{generation}``, ``txnVersion`` = the epoch. Delta skips
-  a write whose version is not above the app's last one, so an epoch replayed after a crash
-  is written once; the epoch's commit is found again by its ``txn`` action.
+* :class:`EpochWriter` appends one epoch (or a pass of several, each committed apart)
+  with an app transaction: ``falkirk:{region}:g{generation}`` at the epoch. An epoch whose
+  version the app id has reached is skipped, so one replayed after a crash is written
+  once; the epoch's commit is found again by its ``txn`` action.
 * :func:`rollback_table` restores a table with delta-rs's ``restore``: the same RESTORE
   commit as delta-spark's ``restoreToVersion``, without a Spark session (a rollback that
   started one paid 30 s for it: docs/faults.md). A RESTORE keeps every app's transaction
@@ -29,16 +29,19 @@ import os
 import re
 import shutil
 import time
+import uuid
+import zlib
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import DeltaTable as RsTable
 
 from falkirk.errors import FalkirkError
-from falkirk.faults import maybe_crash
+from falkirk.faults import maybe_crash, maybe_hold
 from falkirk.io.lake import (
     LOG_DIR,
     TABLE_CONFIGURATION,
@@ -55,7 +58,13 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 _CREATE_ATTEMPTS = 5
+_COMMIT_ATTEMPTS = 5  # an epoch's commit against a fresh snapshot, after losing a race
 COMMIT_TAG = "falkirk"  # the userMetadata key of an epoch's commit: region, generation, epoch
+#: The folder (inside a table's) where Spark writes the Parquet files the commits name.
+FILES_DIR = "epochs"
+#: The column that carries each row's epoch in a DataFrame of several epochs (a pass):
+#: the writer makes a subfolder per epoch of it and commits each apart.
+PASS_COLUMN = "falkirk_epoch"
 logger = logging.getLogger(__name__)
 
 
@@ -142,9 +151,23 @@ class CommitResult:
 class EpochWriter:
     """Appends a region's epochs to a Delta table exactly once per generation.
 
-    Delta checks the transaction version inside its commit (optimistic concurrency), so a
-    racing writer of the same (region, generation) cannot commit an epoch twice; appends of
-    other app ids (several regions may write one table) do not conflict.
+    Spark writes an epoch's rows as Parquet files into a folder of their own inside the
+    table folder (``epochs/<generation>-<region>-<id>/``; a pass of several epochs, one
+    subfolder per epoch); the job's process then commits each epoch's files with delta-rs,
+    an ``add`` per file with its statistics read from the file's footer, and the app
+    transaction (``falkirk:<region>:g<generation>``, the epoch). delta-spark's idempotent
+    append rebuilt the snapshot's state with Spark jobs on every write (Delta 4.4:
+    ``txnVersion`` → ``Snapshot.setTransactions``), 2-5 Spark jobs and ~0.85 s a commit;
+    a delta-rs commit is a JSON file, milliseconds, no Spark job.
+
+    Exactly once: the writer skips an epoch its app id has committed already; delta-rs's
+    commit refuses (a concurrent transaction) when another commit for the same app id
+    landed after the snapshot it checked, as :func:`fence_older_generations`' fence does
+    for a writer of an older generation. The commit runs in the job's own process, so a
+    killed job commits nothing afterwards (its Parquet files, never named by a commit, are
+    vacuumed as orphans). The table's one writing engine is delta-rs: it creates the
+    table, commits epochs, fences, restores and deletes; Spark only writes Parquet files
+    and reads.
     """
 
     def __init__(
@@ -176,7 +199,7 @@ class EpochWriter:
         generations (:func:`fence_older_generations`) before this one writes: every
         writer ensures its table before writing, so a write of an older generation can
         still be in flight only where the table was there already."""
-        if not ensure_table(self.spark, self.table_uri, self.schema, self.log.storage_options):
+        if not ensure_table(self.table_uri, self.schema, self.log.storage_options):
             fence_older_generations(self.table_uri, self.region, self.generation,
                                     self.log.storage_options)
         self._ensured = True
@@ -197,38 +220,88 @@ class EpochWriter:
 
     def write_epoch(self, df: DataFrame, epoch: int) -> CommitResult | None:
         """Append and commit one epoch; None when this generation already committed it."""
-        if self.is_committed(epoch):  # refreshed the table: its version is read as is
-            return None
-        before = self.discard_orphans(epoch, self.log.table(refresh=False).version())
+        return self.write_epochs(df, [epoch])[epoch]
+
+    def write_epochs(self, df: DataFrame, epochs: list[int]) -> dict[int, CommitResult | None]:
+        """Append and commit several epochs written by one Spark job (a pass): ``df``'s
+        rows carry their epoch in :data:`PASS_COLUMN` when there is more than one; each
+        epoch is committed apart, in order, so the table has a version per epoch (a
+        rollback can restore any of them). None for an epoch already committed."""
+        epochs = sorted(epochs)
+        out: dict[int, CommitResult | None] = dict.fromkeys(epochs)
+        if not self._ensured:
+            self.ensure_table()
+        table = self.log.table()
+        done = table.transaction_version(self.app_id)
+        todo = [e for e in epochs if done is None or e > done]
+        if not todo:
+            return out
+        self.discard_orphans(todo[0], table.version())
+        folder = f"{FILES_DIR}/g{self.generation}-{self.region}-{uuid.uuid4().hex[:12]}"
+        files = self._write_files(df, todo, folder)
         maybe_crash("writer:before-commit")
         try:
-            (
-                self._conform(df).write.format("delta").mode("append")
-                .option("txnAppId", self.app_id)
-                .option("txnVersion", epoch)
-                .option("userMetadata", json.dumps(
-                    {COMMIT_TAG: {"region": self.region, "generation": self.generation,
-                                 "epoch": epoch}}, separators=(",", ":")))
-                .save(spark_uri(self.table_uri))
-            )
-        except Exception as exc:  # Delta enforces the declared NOT NULL columns
-            if "NOT NULL constraint violated" not in str(exc):
-                raise
-            column = re.search(r"NOT NULL constraint violated for column: ([^.\s]+)", str(exc))
-            raise NullViolation(
-                f"{self.where}epoch {epoch}: column "
-                f"{column.group(1) if column else '?'!r} of table "
-                f"{self.table_uri.rsplit('/', 1)[-1]!r} is null in a row, but the table "
-                f"declares it non-nullable; nothing of the epoch was committed (fix the job, "
-                f"or declare a dead-letter table for the region, an edge with schema: "
-                f"dead_letters, and such rows go there)") from None
-        maybe_crash("writer:after-commit")
-        newest = self.log.table().version()
-        version = self.log.find_txn(self.app_id, epoch, newest, before + 1)
-        if version is None:  # another writer of this app id committed it meanwhile
-            return None
-        return CommitResult(version=version, epoch=epoch, generation=self.generation,
-                            app_id=self.app_id)
+            for e in todo:
+                out[e] = self._commit(e, files.get(e, []))
+                maybe_crash("writer:after-commit")
+        finally:
+            tidy_folder(self.log.fs, folder)
+        return out
+
+    def _write_files(self, df: DataFrame, epochs: list[int], folder: str
+                     ) -> dict[int, list[DataFile]]:
+        """Spark writes the epochs' rows under ``folder``; epoch -> its data files. A row
+        with a null where the table declares none is refused here, from the footers' null
+        counts: nothing of the pass is committed."""
+        many = len(epochs) > 1 or PASS_COLUMN in df.columns
+        frame = self._conform(df, keep=(PASS_COLUMN,) if many else ())
+        files = spark_files(frame, self.table_uri, self.log.fs, folder, epochs,
+                            PASS_COLUMN if many else None)
+        for epoch, parts in files.items():
+            nulls = null_columns(parts, self.schema)
+            if nulls:
+                _delete_folder(self.log.fs, folder)
+                raise NullViolation(
+                    f"{self.where}epoch {epoch}: column {nulls[0]!r} of table "
+                    f"{self.table_uri.rsplit('/', 1)[-1]!r} is null in a row, but the table "
+                    f"declares it non-nullable; nothing of the epoch was committed (fix the "
+                    f"job, or declare a dead-letter table for the region, an edge with "
+                    f"schema: dead_letters, and such rows go there)")
+        return files
+
+    def _commit(self, epoch: int, parts: list[DataFile]) -> CommitResult | None:
+        """One delta-rs commit of ``epoch``'s files with the app transaction, against the
+        table as just read; None when a commit of this app id reached the epoch first (it
+        is done, or the writer is fenced). A commit that lost to another kind (a restore,
+        another writer's fence) is made again on the new snapshot."""
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        actions = add_actions(parts, self.schema)
+        tag = {COMMIT_TAG: {"region": self.region, "generation": self.generation,
+                            "epoch": epoch}}
+        for attempt in range(_COMMIT_ATTEMPTS):
+            table = self.log.table()  # the snapshot this commit is checked against
+            done = table.transaction_version(self.app_id)
+            if done is not None and done >= epoch:
+                return None
+            maybe_hold("writer:checked")
+            try:
+                table.create_write_transaction(
+                    actions, mode="append", schema=self.schema,
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(self.app_id, epoch)],
+                        custom_metadata={"userMetadata": json.dumps(
+                            tag, separators=(",", ":"))}))
+            except CommitFailedError as exc:  # another commit landed after that snapshot
+                logger.warning("%sepoch %d: commit to %s lost a race (%s); looking again",
+                               self.where, epoch, self.table_uri, str(exc).splitlines()[0])
+                if attempt == _COMMIT_ATTEMPTS - 1:
+                    raise
+                continue
+            return CommitResult(version=self.log.table().version(), epoch=epoch,
+                                generation=self.generation, app_id=self.app_id)
+        raise AssertionError("unreachable")
 
     def discard_orphans(self, epoch: int, newest: int) -> int:
         """Cut off the commits of this region's ``epoch`` or later that an older generation
@@ -263,12 +336,16 @@ class EpochWriter:
         after a crash between its commit and the epoch log's row), or None."""
         return self.log.find_txn(self.app_id, epoch, self.log.table().version())
 
-    def _conform(self, df: DataFrame) -> DataFrame:
-        """The DataFrame with the table's columns, in order and of the table's types."""
+    def _conform(self, df: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
+        """The DataFrame with the table's columns, in order and of the table's types (and
+        the ``keep`` columns after them)."""
         from pyspark.sql import functions as F
 
         target = spark_schema(self.schema)
-        if [(f.name, f.dataType) for f in df.schema] == [(f.name, f.dataType) for f in target]:
+        kept = [c for c in keep if c in df.columns]
+        if [(f.name, f.dataType) for f in df.schema] == \
+                [(f.name, f.dataType) for f in target] + [(c, df.schema[c].dataType)
+                                                          for c in kept]:
             return df
         missing = [f.name for f in target if f.name not in df.columns]
         if missing:
@@ -278,12 +355,142 @@ class EpochWriter:
         from falkirk.io.spark import sql_type
 
         return df.select([F.col(f"`{f.name}`").cast(sql_type(f.dataType)).alias(f.name)
-                          for f in target])
+                          for f in target] + [F.col(c) for c in kept])
 
 
-def ensure_table(spark: SparkSession, table_uri: str, schema: pa.Schema,
+@dataclass(frozen=True)
+class DataFile:
+    """A Parquet file Spark wrote into a table's folder, before a commit names it."""
+
+    path: str  # relative to the table's folder
+    meta: pq.FileMetaData  # its footer
+    size: int
+
+
+def spark_files(df: DataFrame, table_uri: str, fs: pafs.FileSystem, folder: str,
+                keys: list[int], column: str | None = None) -> dict[int, list[DataFile]]:
+    """Spark writes ``df`` as Parquet under ``<table>/<folder>`` (one Spark job; with
+    ``column``, a subfolder per value of it, the column left out of the files); key ->
+    the files with rows (a single key without ``column``). Footers are read from the
+    client: a commit needs their row counts and statistics."""
+    from pyspark.sql import functions as F
+
+    writer = df.write.mode("error")
+    if column is not None:
+        writer = df.filter(F.col(column).isin(keys)).write.mode("error").partitionBy(column)
+    writer.parquet(spark_uri(f"{table_uri.rstrip('/')}/{folder}"))
+    files: dict[int, list[DataFile]] = {}
+    for info in fs.get_file_info(pafs.FileSelector(folder, recursive=True,
+                                                    allow_not_found=True)):
+        name = info.path.lstrip("/")
+        inside = name[len(folder):]
+        if info.type != pafs.FileType.File or not name.endswith(".parquet") \
+                or "/_" in inside or "/." in inside:
+            continue
+        key = keys[0] if column is None else int(inside.lstrip("/").split("/", 1)[0]
+                                                 .split("=", 1)[1])
+        with fs.open_input_file(name) as f:
+            meta = pq.read_metadata(f)
+        if meta.num_rows:
+            files.setdefault(key, []).append(DataFile(name, meta, info.size or 0))
+    return files
+
+
+def add_actions(files: list[DataFile], schema: pa.Schema) -> list[Any]:
+    """The ``add`` actions that commit these files, with their statistics."""
+    from deltalake.transaction import AddAction
+
+    now = int(time.time() * 1000)
+    return [AddAction(f.path, f.size, {}, now, True, _stats(f.meta, schema)) for f in files]
+
+
+def tidy_folder(fs: pafs.FileSystem, folder: str) -> None:
+    """Drop what Spark's committer leaves beside the data files (``_SUCCESS``, the local
+    file system's ``.crc`` checksums): files no commit names, forever."""
+    with suppress(OSError, FileNotFoundError):
+        for info in fs.get_file_info(pafs.FileSelector(folder, recursive=True)):
+            base = info.base_name
+            if info.type == pafs.FileType.File and (base == "_SUCCESS"
+                                                    or base.endswith(".crc")):
+                fs.delete_file(info.path)
+
+
+def _delete_folder(fs: pafs.FileSystem, folder: str) -> None:
+    with suppress(OSError, FileNotFoundError):
+        fs.delete_dir(folder)
+
+
+def null_columns(files: list[DataFile], schema: pa.Schema) -> list[str]:
+    """The columns the table declares non-nullable that hold a null in these files (from
+    the footers' null counts; a footer without statistics counts as none)."""
+    required = [f.name for f in schema if not f.nullable]
+    found = []
+    for file in files:
+        names = file.meta.schema.names
+        for rg in range(file.meta.num_row_groups):
+            group = file.meta.row_group(rg)
+            for name in required:
+                if name in names and name not in found:
+                    stats = group.column(names.index(name)).statistics
+                    if stats is not None and stats.has_null_count and stats.null_count:
+                        found.append(name)
+    return found
+
+
+def _stats(meta: pq.FileMetaData, schema: pa.Schema) -> str:
+    """The ``add`` action's statistics of one Parquet file (Delta's ``stats`` JSON):
+    numRecords, and per column its min, max and null count where the footer has them, so
+    readers can count rows and prune files."""
+    names = meta.schema.names
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for field in schema:
+        if field.name not in names:
+            continue
+        i = names.index(field.name)
+        lo = hi = None
+        count, complete = 0, True
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(i).statistics
+            if st is None or not st.has_null_count:
+                complete = False
+                break
+            count += st.null_count
+            if st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        if not complete:
+            continue
+        nulls[field.name] = count
+        value = _stat_value(field.type, lo), _stat_value(field.type, hi)
+        if None not in value:
+            mins[field.name], maxs[field.name] = value
+    return json.dumps({"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs,
+                       "nullCount": nulls}, separators=(",", ":"))
+
+
+def _stat_value(typ: pa.DataType, value: Any) -> Any:
+    """A footer's min or max as Delta's stats JSON holds it, or None to leave it out
+    (strings longer than Delta's 32-character prefix, floats that are not finite, types
+    whose footer value is not the logical one)."""
+    if value is None:
+        return None
+    if pa.types.is_boolean(typ):
+        return bool(value)
+    if pa.types.is_integer(typ):
+        return int(value)
+    if pa.types.is_floating(typ):
+        return float(value) if value == value and abs(value) != float("inf") else None
+    if pa.types.is_string(typ):
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        return text if len(text) <= 32 else None
+    return None
+
+
+def ensure_table(table_uri: str, schema: pa.Schema,
                  storage_options: dict[str, str] | None = None) -> bool:
-    """Create a data table with delta-spark (an empty version 0) if missing; refuse one of
+    """Create a data table with delta-rs (an empty version 0) if missing; refuse one of
     another schema (names, types and nullability). Whether this call created it."""
     expected = _shape(json.loads(spark_schema(schema).json())["fields"])
     created = False
@@ -292,7 +499,10 @@ def ensure_table(spark: SparkSession, table_uri: str, schema: pa.Schema,
             break
         _clear_unborn_log(table_uri)
         try:
-            spark.sql(create_table_sql(table_uri, schema))  # SQL: a Connect session too
+            RsTable.create(table_uri, schema, mode="error", storage_options=storage_options,
+                           configuration={**{k: v for k, v in TABLE_CONFIGURATION.items()
+                                             if v is not None},
+                                          **checkpoint_interval(table_uri)})
             created = True
             break
         except Exception:  # another job created it at the same moment: look again
@@ -306,17 +516,12 @@ def ensure_table(spark: SparkSession, table_uri: str, schema: pa.Schema,
     return created
 
 
-def create_table_sql(table_uri: str, schema: pa.Schema) -> str:
-    """``CREATE TABLE IF NOT EXISTS`` of a path table with the schema's columns (the
-    declared NOT NULL ones too) and :data:`TABLE_CONFIGURATION`."""
-    columns = ", ".join(
-        f"`{f.name}` {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
-        for f in spark_schema(schema).fields)
-    props = ", ".join(f"'{k}' = '{v}'" for k, v in TABLE_CONFIGURATION.items()
-                      if v is not None)
-    location = spark_uri(table_uri).replace("`", "``")
-    return (f"CREATE TABLE IF NOT EXISTS delta.`{location}` ({columns}) USING delta"
-            + (f" TBLPROPERTIES ({props})" if props else ""))
+def checkpoint_interval(table_uri: str) -> dict[str, str]:
+    """``delta.checkpointInterval`` of a table: 50-99 commits, by the table's name. Every
+    table commits once an epoch, so one interval for all made every table write its log
+    checkpoint in the same epoch."""
+    name = table_uri.rstrip("/").rsplit("/", 1)[-1]
+    return {"delta.checkpointInterval": str(50 + zlib.crc32(name.encode()) % 50)}
 
 
 def _clear_unborn_log(table_uri: str) -> None:

@@ -105,8 +105,8 @@ def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog |
             spark: Any = None) -> GcReport:
     """Compute the low watermarks, itemise what they allow and (with ``apply``) drop it.
 
-    Rows of declared logs are deleted with delta-spark (their one writing engine), in
-    ``spark`` or a session started only when there is something to delete."""
+    Rows of declared logs are deleted with delta-rs (the tables' one writing engine); no
+    Spark session is needed (``spark`` is accepted for callers that pass one)."""
     cfg = cfg or load()
     log = epoch_log or EpochLog.from_config(cfg)
     problem = log.problem(pipeline, replay=False)  # keep what a replay starts from
@@ -268,7 +268,9 @@ def _log_keep_from(pipeline: Pipeline, table: str, logs: dict[str, RegionLog],
 
 def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport,
            collected: dict[str, Any], opts, retention_hours: float, spark: Any) -> None:
-    from falkirk.io.delta import spark_uri, vacuum_orphans
+    from deltalake import DeltaTable
+
+    from falkirk.io.delta import vacuum_orphans
     from falkirk.io.kafka import commit_group_offsets
     from falkirk.regimes.checkpoints import CheckpointStore
 
@@ -283,14 +285,9 @@ def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport,
         log.record_collected(pipeline.name, edge, through,
                              None if item is None else Offsets(item.detail["offsets"]))
     for table, item in report.of("log rows").items():
-        if not item.rows:
-            continue
-        if spark is None:
-            from falkirk.io.spark import session
-
-            spark = session(f"falkirk-gc-{pipeline.name}", cfg)
-        location = spark_uri(cfg.table(table)).replace("`", "``")  # SQL: a Connect session too
-        spark.sql(f"DELETE FROM delta.`{location}` WHERE epoch <= {int(item.detail['through'])}")
+        if item.rows:
+            DeltaTable(cfg.table(table), storage_options=opts).delete(
+                f"epoch <= {int(item.detail['through'])}")
     for topic, item in acknowledged.items():
         commit_group_offsets(cfg.kafka_bootstrap, topic,
                              group_id(pipeline.name, item.detail["region"]),

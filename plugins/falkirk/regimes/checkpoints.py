@@ -41,6 +41,7 @@ from __future__ import annotations
 import io
 import json
 import operator
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -55,7 +56,13 @@ from deltalake.transaction import CommitProperties, Transaction
 
 from falkirk.errors import FalkirkError
 from falkirk.faults import maybe_crash
-from falkirk.io.lake import TableSchemaError, ensure_table, read_table, user_metadata
+from falkirk.io.lake import (
+    TableSchemaError,
+    ensure_table,
+    read_table,
+    table_filesystem,
+    user_metadata,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -68,6 +75,7 @@ RESERVED = (CHECKPOINT, KEY, DELETED)
 MANIFEST_KEY = "falkirk.checkpoints"
 APP_ID = "falkirk.checkpoints"
 MANIFEST_FORMAT = 1
+FILES_DIR = "layers"  # where Spark writes a checkpoint's Parquet files, before the commit
 _HISTORY_STEPS = (4, 64, None)  # how far back to look for the newest falkirk commit
 
 
@@ -495,39 +503,48 @@ class CheckpointStore:
 
     def save_frame(self, checkpoint_id: int, current: DataFrame,
                    previous: DataFrame | None) -> int:
-        """Commit checkpoint ``checkpoint_id`` of the state ``current`` with delta-spark.
+        """Commit checkpoint ``checkpoint_id`` of the state ``current``; its Delta version.
 
         The job's path: the state stays in Spark. What changed since ``previous`` (the state
         of the previous checkpoint, None before the first) is found by a join on ``key`` in
-        Spark (:func:`changes`), and one append writes those rows with the manifest in the
-        commit's ``userMetadata`` and Delta's ``txnAppId``/``txnVersion`` =
-        (``falkirk.checkpoints``, id), so a replay of the same checkpoint commits nothing.
-        Returns the Delta version of the commit.
+        Spark (:func:`changes`) and written as Parquet by Spark (one job); delta-rs commits
+        the files with the manifest and the app transaction (``falkirk.checkpoints``, id),
+        against the snapshot whose manifest it read: a save that raced another commit is
+        refused, and a replay of the same checkpoint finds it done and commits nothing.
         """
+        from deltalake.exceptions import CommitFailedError
+
+        from falkirk.io.delta import add_actions, spark_files, tidy_folder
+
         checkpoint_id = _as_id(checkpoint_id)
-        manifest = self._manifest(self._table())
+        table = self._table()
+        manifest = self._manifest(table)
         if manifest.latest is not None and checkpoint_id <= manifest.latest:
             raise CheckpointError(
                 f"checkpoint {checkpoint_id} of {self.uri} is not after the latest one, "
                 f"{manifest.latest}: checkpoint ids must increase"
             )
         rows = changes(previous, self._conform_frame(current), self.value_schema,
-                       checkpoint_id)
+                       checkpoint_id).sortWithinPartitions(KEY)
+        folder = f"{FILES_DIR}/c{checkpoint_id}-{uuid.uuid4().hex[:12]}"
+        fs = table_filesystem(self.uri, self.storage_options)
+        files = spark_files(rows, self.uri, fs, folder, [checkpoint_id]).get(checkpoint_id, [])
         metadata = manifest.entry("save", (checkpoint_id,), checkpoint=checkpoint_id)
         maybe_crash("checkpoint:before-save")
-        from falkirk.io.delta import spark_uri
-
-        (rows.sortWithinPartitions(KEY).write.format("delta").mode("append")
-         .option("txnAppId", APP_ID).option("txnVersion", checkpoint_id)
-         .option("userMetadata", json.dumps(metadata, separators=(",", ":")))
-         .save(spark_uri(self.uri)))
-        after = self._manifest(self._table())
-        if checkpoint_id not in after.versions:
+        try:
+            table.create_write_transaction(
+                add_actions(files, self.schema), mode="append", schema=self.schema,
+                commit_properties=CommitProperties(
+                    custom_metadata=metadata,
+                    app_transactions=[Transaction(APP_ID, checkpoint_id)]))
+        except CommitFailedError as exc:
             raise CheckpointConflictError(
-                f"checkpoint {checkpoint_id} of {self.uri} was not committed: Delta skipped "
-                f"the write as already done by app {APP_ID!r}, or another writer's commit "
-                "landed after it (one writer per checkpoint store)")
-        return after.versions[checkpoint_id]
+                f"checkpoint {checkpoint_id} of {self.uri} was not committed: another "
+                f"writer's commit landed after the manifest it read ({exc}; one writer per "
+                "checkpoint store)") from exc
+        finally:
+            tidy_folder(fs, folder)
+        return self._manifest(self._table()).versions[checkpoint_id]
 
     def restore_frame(self, spark: SparkSession, checkpoint_id: int) -> DataFrame:
         """The exact state at ``checkpoint_id`` as a DataFrame (key + value columns).
