@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from falkirk.config import REPO_ROOT
+from falkirk.local.airflow import DAGS_FOLDER
 
 # py4j says "Closing down clientserver connection" from __del__ at exit, through a handler
 # a test's in-process CLI set up on a captured stream pytest has closed by then: a
@@ -130,6 +131,47 @@ def wheel(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def installed(tmp_path_factory, wheel) -> dict:
+    """falkirk installed from its wheel into a virtual environment of its own, outside the
+    checkout, with its JVM jars fetched by ``falkirk jars`` into its own home: what a user
+    has (tests/test_init.py, tests/test_guide.py). Its dependencies are this checkout's (a
+    path file links their site-packages; the checkout's editable path file is not read),
+    so nothing is downloaded but the jars, from the local Maven cache. Returns the
+    interpreter (``python``), the environment to run it with (``env``) and the folder of
+    its jars (``jars``)."""
+    import shutil
+    import sysconfig
+
+    root = tmp_path_factory.mktemp("user_install")
+    uv = [shutil.which("uv")] if shutil.which("uv") else ["python3", "-m", "uv"]
+    venv = root / "venv"
+    subprocess.run([*uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True,
+                   capture_output=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; "
+                              "print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "_checkout_dependencies.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([*uv, "pip", "install", "-q", "--no-deps", "--python", str(python),
+                    str(wheel)], check=True, capture_output=True, timeout=300)
+    env = {"FALKIRK_HOME": str(root / "home"), "FALKIRK_JARS_DIR": "",
+           "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    where = subprocess.run(
+        [str(python), "-c", "import falkirk, importlib.util as u; "
+         "print(falkirk.__file__, u.find_spec('falkirk_dev') is None)"],
+        capture_output=True, text=True, cwd=root, env={**os.environ, **env})
+    assert where.stdout.split() == [str(Path(purelib, "falkirk", "__init__.py")), "True"], \
+        where.stdout + where.stderr
+    fetched = subprocess.run([str(python), "-m", "falkirk.cli", "jars"], capture_output=True,
+                             text=True, timeout=900, env={**os.environ, **env})
+    assert fetched.returncode == 0, fetched.stderr
+    jars = root / "home" / "jvm" / "lib"
+    assert f"spark: 6 jars in {jars / 'spark'}, complete" in fetched.stdout
+    return {"python": str(python), "env": env, "jars": jars}
+
+
+@pytest.fixture(scope="session")
 def airflow_env(tmp_path_factory):
     """A migrated SQLite Airflow home of its own, set before Airflow is first imported."""
     if "airflow.configuration" in sys.modules:
@@ -138,7 +180,7 @@ def airflow_env(tmp_path_factory):
     home = tmp_path_factory.mktemp("airflow_home")
     env = {
         "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
@@ -161,7 +203,7 @@ def rollback_dag(airflow_env):
     objects (Param.resolve keeps the value), so a reused DAG would carry it over."""
     from airflow.dag_processing.dagbag import DagBag
 
-    return DagBag(dag_folder=str(REPO_ROOT / "dags" / "falkirk_pipelines.py")).dags[
+    return DagBag(dag_folder=str(DAGS_FOLDER / "falkirk_pipelines.py")).dags[
         "falkirk_reference_rollback"]
 
 

@@ -315,6 +315,56 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return 0 if info["answering"] else 1
 
 
+def cmd_produce(args: argparse.Namespace) -> int:
+    """Send a file of JSON records to a pipeline's input topic (the records' ``ts`` is
+    their Kafka timestamp); ``falkirk bound`` then declares the input ended."""
+    from kafka.errors import KafkaError
+
+    from falkirk.config import load
+    from falkirk.local.run import input_records, send_records
+
+    pipeline = _pipeline(args.pipeline)
+    inputs = {e.topic: e.partitions for e in pipeline.edges.values()
+              if e.kind == "kafka" and e.src is None}
+    path = Path(args.file)
+    topic = args.topic or path.name.split(".")[0]
+    if topic not in inputs:
+        raise CliError(f"{pipeline.name} has no input topic {topic!r} (its inputs: "
+                       f"{', '.join(inputs) or 'none'}); name it with --topic or the file "
+                       "(<topic>.jsonl)")
+    if not path.is_file():
+        raise CliError(f"{path}: no such file")
+    records = input_records(path, int(pipeline.settings["origin_ms"]), note=print)
+    bootstrap = load().kafka_bootstrap
+    try:
+        sent = send_records(bootstrap, {topic: inputs[topic]}, {topic: records},
+                            client_id="falkirk-produce")
+    except KafkaError as err:
+        raise CliError(f"cannot send to {bootstrap}: {err} (falkirk broker start runs the "
+                       "embedded one)") from None
+    print(f"{pipeline.name}: sent {sent[topic]} records to {topic} at {bootstrap}")
+    return 0
+
+
+def cmd_airflow(args: argparse.Namespace) -> int:
+    """falkirk's local Airflow: start, stop, status, respawn a component, or its CLI."""
+    from falkirk.local.airflow import LocalAirflow
+
+    action = args.action or "start"
+    airflow = LocalAirflow(port=args.port if action == "start" else None)
+    if action == "start":
+        airflow.start()
+    elif action == "stop":
+        airflow.stop()
+    elif action == "status":
+        return 0 if airflow.status() else 1
+    elif action == "respawn":
+        airflow.respawn(args.component)
+    else:
+        airflow.cli(args.args)
+    return 0
+
+
 def cmd_bound(args: argparse.Namespace) -> int:
     """Declare the pipeline's input ended where its topics end now (a bounded run)."""
     from falkirk.runtime.bounds import declare_bounds
@@ -578,6 +628,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", help="declared pipeline (default: the only one declared)")
     p.add_argument("--topics", help="comma-separated input topics (default: all inputs)")
     p.set_defaults(func=cmd_bound)
+
+    p = sub.add_parser("produce", help="send a file of JSON records (one a line, its ts the "
+                       "Kafka timestamp) to a pipeline's input topic")
+    p.add_argument("file", help="<topic>.jsonl: the topic is the file's name unless --topic")
+    p.add_argument("--pipeline", help="declared pipeline or its folder (default: the only "
+                   "one declared)")
+    p.add_argument("--topic", help="the input topic (default: the file's name)")
+    p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser("airflow", help="falkirk's local Airflow (api-server, scheduler, "
+                       "dag-processor, triggerer; the DAGs of every declared pipeline)")
+    p.add_argument("--port", type=int, help="the API's port (default: $FALKIRK_AIRFLOW_PORT, "
+                   "else 8080; its log servers use the next two)")
+    actions = p.add_subparsers(dest="action", metavar="{start,stop,status,respawn,cli}")
+    a = actions.add_parser("start", help="start it (the default) and wait for its API")
+    a.add_argument("--port", type=int, default=argparse.SUPPRESS, help="the API's port")
+    actions.add_parser("stop", help="stop it all: its session and its Celery workers")
+    actions.add_parser("status", help="running or not, and where (exit 1: not running)")
+    a = actions.add_parser("respawn", help="start a component that died again")
+    a.add_argument("component", nargs="?", help="scheduler, triggerer or dag-processor")
+    a = actions.add_parser("cli", help="Airflow's CLI against this instance (e.g. dags list)")
+    a.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    p.set_defaults(func=cmd_airflow)
 
     p = sub.add_parser("validate", help="data checks of committed epochs (GX suites and "
                        "cross-region invariants); quarantines failing epochs")

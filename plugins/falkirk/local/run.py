@@ -246,10 +246,6 @@ class LocalRun:
         key's hash); the others go round-robin by line, so the same file always lands the
         same way. Returns the records sent per topic.
         """
-        from kafka import KafkaProducer
-
-        from falkirk.io.kafka import CLIENT_CONFIG, ensure_topics
-
         inputs = {e.topic: e.partitions for e in self.pipeline.edges.values()
                   if e.kind == "kafka" and e.src is None}
         missing = [t for t in inputs if not (folder / f"{t}.jsonl").is_file()]
@@ -259,22 +255,7 @@ class LocalRun:
         batches = {topic: list(input_records(folder / f"{topic}.jsonl",
                                              int(self.pipeline.settings["origin_ms"]), note))
                    for topic in inputs}
-        ensure_topics(self.cfg.kafka_bootstrap, inputs)
-        producer = KafkaProducer(bootstrap_servers=self.cfg.kafka_bootstrap, acks="all",
-                                 client_id="falkirk-run", **CLIENT_CONFIG)
-        sent: dict[str, int] = {}
-        try:
-            for topic, partitions in inputs.items():
-                futures = [producer.send(topic, value=value, timestamp_ms=ts,
-                                         key=None if key is None else key.encode(),
-                                         partition=None if key is not None else i % partitions)
-                           for i, (value, ts, key) in enumerate(batches[topic])]
-                producer.flush()
-                for f in futures:
-                    f.get(timeout=60)  # a send that failed fails the run
-                sent[topic] = len(futures)
-        finally:
-            producer.close()
+        sent = send_records(self.cfg.kafka_bootstrap, inputs, batches)
         self.declare_bounds()
         return sent
 
@@ -284,6 +265,36 @@ class LocalRun:
 
         return declare_bounds(self.pipeline, self.cfg, self.log)
 
+
+def send_records(bootstrap: str, topics: dict[str, int],
+                 batches: dict[str, list[tuple[bytes, int, str | None]]],
+                 client_id: str = "falkirk-run") -> dict[str, int]:
+    """Send each topic's ``(value, timestamp, key)`` records (as :func:`input_records`
+    reads them), creating missing topics with their declared partitions first; the
+    records sent per topic. A keyed record goes by its key's hash, the others round-robin
+    by their place in the batch, so the same file always lands the same way; every send
+    is acknowledged by the broker (acks=all) or the call fails."""
+    from kafka import KafkaProducer
+
+    from falkirk.io.kafka import CLIENT_CONFIG, ensure_topics
+
+    ensure_topics(bootstrap, topics)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", client_id=client_id,
+                             **CLIENT_CONFIG)
+    sent: dict[str, int] = {}
+    try:
+        for topic, partitions in topics.items():
+            futures = [producer.send(topic, value=value, timestamp_ms=ts,
+                                     key=None if key is None else key.encode(),
+                                     partition=None if key is not None else i % partitions)
+                       for i, (value, ts, key) in enumerate(batches[topic])]
+            producer.flush()
+            for f in futures:
+                f.get(timeout=60)  # a send that failed fails the call
+            sent[topic] = len(futures)
+    finally:
+        producer.close()
+    return sent
 
 
 def input_records(path: Path, origin_ms: int, note: Callable[[str], None] | None = None

@@ -1,0 +1,1 @@
+../plugins/falkirk/airflow/dags/falkirk_pipelines.py
