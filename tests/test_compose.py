@@ -91,15 +91,28 @@ def _uv_lock_versions() -> dict[str, str]:
 
 
 def _bin_airflow_exports() -> dict[str, str]:
-    """AIRFLOW__* settings bin/airflow exports (values as written, unexpanded)."""
-    text = (REPO_ROOT / "bin" / "airflow").read_text()
-    return dict(re.findall(r"^export (AIRFLOW__\w+)=(\S*)", text, re.MULTILINE))
+    """AIRFLOW__* settings ``falkirk airflow`` (which bin/airflow runs) gives a local Airflow,
+    for a home of its own, without the environment's overrides."""
+    import tempfile
+    from pathlib import Path
+
+    from falkirk.local.airflow import LocalAirflow
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AIRFLOW__")}
+    try:
+        with tempfile.TemporaryDirectory() as home:
+            env = LocalAirflow(Path(home), port=8080).environment()
+    finally:
+        os.environ.update(saved)
+    return {k: v for k, v in env.items() if k.startswith("AIRFLOW__")}
 
 
 def _bin_airflow_default(variable: str) -> str:
-    """The default bin/airflow gives ``variable`` (``${VARIABLE:-default}``)."""
-    text = (REPO_ROOT / "bin" / "airflow").read_text()
-    return re.search(r"\$\{" + variable + r":-(\w+)\}", text).group(1)
+    """The default ``falkirk airflow`` gives ``variable`` when the environment does not."""
+    from falkirk.local import airflow
+
+    return {**airflow.TUNABLE, "FALKIRK_CELERY_WORKERS": str(airflow.CELERY_WORKERS),
+            "FALKIRK_CELERY_CONCURRENCY": str(airflow.CELERY_CONCURRENCY)}[variable]
 
 
 def _named_volume(entry) -> str | None:
@@ -453,10 +466,8 @@ def test_airflow_settings_mirror_bin_airflow(services):
         assert not missing, f"{name} lacks what bin/airflow sets: {sorted(missing)}"
         for key in same:
             want = exported[key]
-            if want == "$executor":  # bin/airflow takes it from the profile (FALKIRK_ENV)
+            if key == "AIRFLOW__CORE__EXECUTOR":  # the profile's (FALKIRK_ENV)
                 want = PROFILES[env["FALKIRK_ENV"]].airflow_executor
-            elif want.startswith("${"):  # ${VARIABLE:-default}: its default
-                want = _bin_airflow_default(key)
             assert env[key] == want, f"{name}: {key}={env[key]!r}, bin/airflow: {want!r}"
         assert env["AIRFLOW__API__SECRET_KEY"] == env["AIRFLOW__API_AUTH__JWT_SECRET"]
         api = urlparse(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
