@@ -39,7 +39,8 @@ def test_a_closed_runner_lets_go_of_every_frame_it_held_across_epochs():
     """A benchmark runs variants one after another in one Spark session: a closed runner
     must hold no state frames and its composite job no handed-over tables, else the next
     variant shares the driver's heap with their checkpointed blocks (issue 16)."""
-    from falkirk.runtime.runner import CompositeJob, JobLogic, JobRunner
+    from falkirk.runtime.job import CompositeJob, JobLogic
+    from falkirk.runtime.loop import JobRunner
 
     class Part(JobLogic):
         regions = ("a",)
@@ -55,7 +56,7 @@ def test_a_closed_runner_lets_go_of_every_frame_it_held_across_epochs():
     logic = CompositeJob.__new__(CompositeJob)
     logic.parts, logic.memory = [part], {"t": object()}
     runner = JobRunner.__new__(JobRunner)
-    runner.cuts, runner.logic = {}, logic
+    runner.inputs, runner.logic = {}, logic
     runner.state, runner.state_frames = {"a": object()}, {"a": object()}
     runner.close()
     assert runner.state == {} and runner.state_frames == {} and logic.memory == {}

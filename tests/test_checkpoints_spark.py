@@ -85,7 +85,7 @@ def test_a_restarted_job_reads_its_checkpoint_once(spark, tmp_path):
 
     from falkirk.log.epochlog import EpochRecord, RegionLog
     from falkirk.model.times import DOMAINS
-    from falkirk.runtime.runner import JobRunner
+    from falkirk.runtime.loop import JobRunner
 
     store = CheckpointStore(str(tmp_path / "state"), VALUES)
     seq = states()

@@ -305,7 +305,8 @@ def test_a_dropped_partition_of_events_is_caught(reference, validator, spark):
     """ingest read partitions 0 and 2 only: its purchases miss partition 1's."""
     from falkirk.io.kafka import read_range
     from falkirk.model.times import Offsets
-    from falkirk.runtime.runner import load_job, record_ddl
+    from falkirk.runtime.connectors import record_ddl
+    from falkirk.runtime.job import load_job
 
     row = _row(reference, "ingest", 2)
     rng = row.inputs["events"]
@@ -376,7 +377,8 @@ def test_a_failing_epoch_is_quarantined_held_back_then_released_after_a_rollback
     """popularity commits a bad epoch 2: checks quarantine it, serve reads epoch 1 instead,
     no frontier reaches it; a rollback and rerun write it again, the checks pass, and every
     output equals the failure-free run's."""
-    from falkirk.runtime.runner import JobRunner, job_logic
+    from falkirk.runtime.job import job_logic
+    from falkirk.runtime.loop import JobRunner
 
     run = reference
     good = _row(run, "popularity", 2)
@@ -401,11 +403,12 @@ def test_a_failing_epoch_is_quarantined_held_back_then_released_after_a_rollback
     serve = JobRunner(run.pipeline, job_logic(run.pipeline.job_path("jobs/serve.py")), spark,
                       run.cfg, run.log, start={"serve": 2, "stats": 2})
     try:
-        where = serve._ready(3)
+        epochs, places = serve._ready(3, 3)
     finally:
         serve.close()
-    assert where["item_popularity"] == _row(run, "popularity", 1).outputs[
-        "item_popularity"]["version"]
+    assert epochs == [3]
+    assert places["item_popularity"] == [_row(run, "popularity", 1).outputs[
+        "item_popularity"]["version"]]
 
     done = run.rollback(failed=["popularity"], reason="test: quarantined epoch 2")
     assert done.frontiers["popularity"] == 1

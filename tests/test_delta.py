@@ -91,7 +91,7 @@ def test_write_epochs_and_read_back(spark, tmp_path):
 
 def test_an_epochs_spark_jobs_are_named_by_pipeline_region_epoch_and_generation(spark,
                                                                                 tmp_path):
-    from falkirk.runtime.runner import name_spark_jobs
+    from falkirk.runtime.loop import name_spark_jobs
 
     writer = EpochWriter(spark, str(tmp_path / "named"), "agg", 2, SCHEMA)
     writer.ensure_table()

@@ -109,7 +109,7 @@ def test_a_bounded_input_cuts_its_last_epochs_at_the_bound_and_then_ends(broker)
     """No record marks the end: the declared bound (the topic's end offsets once all is
     produced) closes the epochs with no later record, caps every cut, and ends the input;
     without a bound the same cut waits (a continuous run)."""
-    from falkirk.runtime.runner import KafkaCut
+    from falkirk.runtime.connectors import KafkaCut
 
     broker.create_topic("kio-bound", 2)
     send(broker.bootstrap, "kio-bound", [b"a", b"b", b"c"], partition=0)  # ts +0, +1, +2 ms
@@ -142,7 +142,7 @@ def test_a_job_starting_while_the_broker_is_down_waits_for_it(tmp_path, caplog):
     import time
 
     from falkirk.local.broker import LocalBroker, free_port
-    from falkirk.runtime.runner import KafkaCut
+    from falkirk.runtime.connectors import KafkaCut
 
     caplog.set_level(logging.WARNING, logger="falkirk.io.kafka")
     with LocalBroker(tmp_path / "b", port=free_port()) as b:
@@ -174,7 +174,7 @@ def test_produce_sends_every_row_and_counts_them(spark, broker):
     broker.create_topic("kio-out", 2)
     df = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(50)], "key string, value string")
     headers = {"falkirk-generation": "2", "falkirk-epoch": "7"}
-    assert produce(df, broker.bootstrap, "kio-out", headers) == 50
+    assert produce(df, broker.bootstrap, "kio-out", headers) == {-1: 50}
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, consumer_timeout_ms=3000,
                              auto_offset_reset="earliest", enable_auto_commit=False)
     consumer.assign([TopicPartition("kio-out", p) for p in (0, 1)])
@@ -204,3 +204,24 @@ def test_bad_record_schemas_are_refused(spark):
         source_schema("id string, tags array<string>")
     with pytest.raises(KafkaIOError, match="'offset' clashes with a source column"):
         source_schema("offset long")
+
+
+def test_a_pass_of_epochs_is_sent_in_one_write_each_record_with_its_epoch(spark, broker):
+    """A pass of several epochs: one write, each record's epoch header from its row, the
+    count per epoch observed as it is sent (the pass column itself is not sent)."""
+    from pyspark.sql import functions as F
+
+    broker.create_topic("kio-pass", 1)
+    df = spark.createDataFrame([(f"k{i}", f"v{i}", 3 + i % 2) for i in range(9)],
+                               "key string, value string, falkirk_epoch long")
+    counts = produce(df, broker.bootstrap, "kio-pass",
+                     {"falkirk-epoch": F.col("falkirk_epoch").cast("string")},
+                     by=("falkirk_epoch", [3, 4, 5]))
+    assert counts == {3: 5, 4: 4, 5: 0}
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, consumer_timeout_ms=3000,
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer.assign([TopicPartition("kio-pass", 0)])
+    records = list(consumer)
+    consumer.close()
+    assert sorted((r.key.decode(), dict(r.headers)["falkirk-epoch"].decode())
+                  for r in records) == sorted((f"k{i}", str(3 + i % 2)) for i in range(9))

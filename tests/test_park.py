@@ -24,7 +24,8 @@ from falkirk.log.epochlog import EpochLog, EpochRecord
 from falkirk.model.topology import Pipeline
 from falkirk.recovery.rollback import RollbackExecutor, RollbackRequest
 from falkirk.runtime import park, procs
-from falkirk.runtime.runner import EpochContext, EpochResult, JobDriver, JobLogic
+from falkirk.runtime.driver import JobDriver
+from falkirk.runtime.job import EpochContext, EpochResult, JobLogic
 
 #: ingest's epochs are logged (no job runs it here); mirror copies each epoch of t_in.
 PIPE = Pipeline.from_dict({
@@ -199,7 +200,7 @@ def test_a_job_whose_engine_dies_mid_epoch_exits_at_once_saying_why(lane, tmp_pa
         sys.path[:0] = {sys.path!r}
         from falkirk.config import load
         from falkirk.io.spark import session
-        from falkirk.runtime.runner import JobDriver
+        from falkirk.runtime.driver import JobDriver
         import test_park
         spark = session("engine-lost")
         JobDriver(test_park.PIPE, test_park.Mirror(), spark, watch_interval_s=0.2,

@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from falkirk.runtime.runner import JobRunner, jobs_in_group, name_spark_jobs
+from falkirk.io.spark import jobs_in_group
+from falkirk.runtime.loop import JobRunner, name_spark_jobs
 
 
 def runner_for(spark) -> JobRunner:

@@ -9,7 +9,8 @@ breaking a user's pipeline.
 
 from falkirk.io.spark import conform, cut_lineage, dead_letters, session
 from falkirk.model.schemas import arrow_schema, ddl
-from falkirk.runtime.runner import EpochContext, EpochResult, JobLogic, load_job, main
+from falkirk.runtime.driver import main
+from falkirk.runtime.job import PASS_COLUMN, EpochContext, EpochResult, JobLogic, load_job
 
-__all__ = ["EpochContext", "EpochResult", "JobLogic", "main", "conform", "cut_lineage",
-           "dead_letters", "arrow_schema", "ddl", "session", "load_job"]
+__all__ = ["PASS_COLUMN", "EpochContext", "EpochResult", "JobLogic", "main", "conform",
+           "cut_lineage", "dead_letters", "arrow_schema", "ddl", "session", "load_job"]

@@ -345,7 +345,7 @@ def processing_epochs(
 def _ingest() -> ModuleType:
     """The reference app's ``jobs/ingest.py`` (its validation is the ground truth's)."""
     from falkirk.model.topology import load_pipeline
-    from falkirk.runtime.runner import load_job
+    from falkirk.runtime.job import load_job
 
     return load_job(load_pipeline("reference").job_path("jobs/ingest.py"))
 

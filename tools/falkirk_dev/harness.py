@@ -173,7 +173,7 @@ class SteadyInput:
     start and the pipeline drains a backlog).
 
     It keeps when each epoch's input was due on each topic: every partition got a record
-    of a later epoch, the cut ``runtime.runner`` closes an epoch with (or the input was
+    of a later epoch, the cut ``runtime.connectors.KafkaCut`` closes an epoch with (or the input was
     bounded). The time is when that record was handed to the producer at the rate, not
     when it was acknowledged: a broker killed delays the acknowledgement, and that delay
     is the broker's recovery, not the source's pace. No recovery, however fast, commits an

@@ -286,7 +286,8 @@ def run_epoch(pipeline: str, region: str, data_interval_start: datetime) -> int:
     14 minutes, half of them on engine kills, leaving every region downstream waiting. Its
     rerun is safe: the epoch's outputs are written exactly once."""
     from falkirk.local.engine import died, ensure, serving
-    from falkirk.runtime.runner import job_logic, run_job
+    from falkirk.runtime.driver import run_job
+    from falkirk.runtime.job import job_logic
 
     spec = load_pipeline(pipeline)
     cfg = load()

@@ -11,15 +11,19 @@ from falkirk.config import Config, load
 
 
 def conform(df, table: str):
-    """``df`` with the columns of ``schemas/tables/<table>.json``, in order, with its types."""
+    """``df`` with the columns of ``schemas/tables/<table>.json``, in order, with its types
+    (and a pass's epoch column after them, when ``df`` has one: a job's transforms conform
+    a pass's rows as they conform one epoch's)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    from falkirk.io.delta import PASS_COLUMN
     from falkirk.model.schemas import arrow_schema
 
     schema = from_arrow_schema(arrow_schema("tables", table))
+    keep = [F.col(PASS_COLUMN)] if PASS_COLUMN in df.columns else []
     return df.select([F.col(f.name).cast(sql_type(f.dataType)).alias(f.name)
-                      for f in schema.fields])
+                      for f in schema.fields] + keep)
 
 
 def sql_type(data_type) -> str:
@@ -36,38 +40,48 @@ def dead_letters(rows, epoch):
     ``rows``: records as ``falkirk.io.kafka.read_range`` returns them, with a ``_reason``
     column (the first check they failed); ``epoch``: the epoch being processed (a Column).
     The raw value is kept, with its topic, partition and offset, so nothing malformed is
-    lost.
+    lost. A pass's epoch column goes along.
     """
     from pyspark.sql import functions as F
 
+    from falkirk.io.delta import PASS_COLUMN
+
+    keep = [PASS_COLUMN] if PASS_COLUMN in rows.columns else []
     return conform(rows.select(
         epoch.alias("epoch"), F.col("topic").alias("source"), "partition", "offset",
-        F.col("value").alias("raw"), F.col("_reason").alias("reason"),
+        F.col("value").alias("raw"), F.col("_reason").alias("reason"), *keep,
     ), "dead_letters")
 
 
-def null_violations(df, schema, table: str, epoch: int):
+def null_violations(df, schema, table: str, epoch):
     """``(rows, refused)``: the rows of ``df`` with a value in every column ``schema``
     declares non-nullable, and the others as ``dead_letters`` rows whose reason names the
     first such column that is null, the source being the table and the raw value the row
-    as JSON (partition and offset -1: the row came from a job, not from a topic)."""
+    as JSON (partition and offset -1: the row came from a job, not from a topic).
+    ``epoch``: the epoch, or a pass's epochs (each row's then in its pass column, which the
+    refused rows keep)."""
     from functools import reduce
 
     from pyspark.sql import functions as F
 
+    from falkirk.io.delta import PASS_COLUMN
+
     required = [f.name for f in schema if not f.nullable and f.name in df.columns]
     if not required:
         return df, None
+    many = PASS_COLUMN in df.columns
     null = reduce(lambda a, b: a | b, [F.col(f"`{c}`").isNull() for c in required])
     reason = F.coalesce(*[
         F.when(F.col(f"`{c}`").isNull(), F.lit(
             f"column {c!r} is null, but table {table!r} declares it non-nullable"))
         for c in required])
+    data = [c for c in df.columns if c != PASS_COLUMN]
+    at = F.col(PASS_COLUMN) if many else F.lit(epoch if isinstance(epoch, int) else epoch[0])
     refused = df.filter(null).select(
-        F.lit(epoch).alias("epoch"), F.lit(f"table {table}").alias("source"),
+        at.alias("epoch"), F.lit(f"table {table}").alias("source"),
         F.lit(-1).alias("partition"), F.lit(-1).alias("offset"),
-        F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias("raw"),
-        reason.alias("reason"))
+        F.to_json(F.struct(*[F.col(f"`{c}`") for c in data])).alias("raw"),
+        reason.alias("reason"), *([F.col(PASS_COLUMN)] if many else []))
     return df.filter(~null), conform(refused, "dead_letters")
 
 

@@ -106,6 +106,10 @@ def engine_conf(cfg: Config, host: str, port: int, where: Path) -> dict[str, str
         # reference pipeline's run (a JFR profile, README "One engine"). Interpreted.
         "spark.sql.codegen.wholeStage": "false",
         "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+        # Adaptive execution runs each shuffle stage as a Spark job of its own and
+        # re-plans between them; an epoch's small shuffles gain nothing from it and paid
+        # its stages (the reference pipeline deployed: 80 -> 42 stages an epoch).
+        "spark.sql.adaptive.enabled": "false",
         # A session whose job died without its session being released (nobody stopped
         # it) goes after 10 minutes, an execution whose client died after 1 (Spark's
         # defaults: 60 and 5 minutes, long for a machine of 2 cores to carry them).

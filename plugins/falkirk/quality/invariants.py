@@ -45,7 +45,7 @@ def load_invariants(pipeline: Pipeline) -> dict[str, list[tuple[str, Invariant]]
     """Region -> [(name, check)] from the pipeline's invariants file (none declared: {})."""
     if not pipeline.invariants:
         return {}
-    from falkirk.runtime.runner import load_job
+    from falkirk.runtime.job import load_job
 
     path = pipeline.job_path(pipeline.invariants)
     module = load_job(path)
@@ -82,7 +82,7 @@ def epoch_rows(v: Validator, table: str, version: int, epoch: int | None = None,
 def read_input(v: Validator, row: EpochRecord, edge: str):
     """The exact Kafka records the region read for this epoch (its logged offset range)."""
     from falkirk.io.kafka import read_range
-    from falkirk.runtime.runner import record_ddl
+    from falkirk.runtime.connectors import record_ddl
 
     rng = (row.inputs or {}).get(edge)
     if not rng or "from" not in rng:

@@ -61,7 +61,7 @@ class FenceWatch:
     waiting for its input makes no call that would find its session gone with a dead
     engine, and must fail to be recovered (:attr:`engine_lost`). ``on_engine_lost`` is
     called (in the watch's thread) once the engine counts as gone: a job's own process
-    exits there (:meth:`falkirk.runtime.runner.JobDriver.exit_engine_lost`) rather than
+    exits there (:meth:`falkirk.runtime.driver.JobDriver.exit_engine_lost`) rather than
     wait for its calls in flight to give up one after another."""
 
     ENGINE_LOOKS = 3  # looks in a row without an answer before the engine counts as gone

@@ -185,7 +185,8 @@ def warm_up(spark: Any, pipeline: Pipeline, cfg: Config) -> dict[str, float]:
 
     from falkirk.io.kafka import end_offsets, read_range
     from falkirk.model.times import Offsets
-    from falkirk.runtime.runner import load_job, record_ddl
+    from falkirk.runtime.connectors import record_ddl
+    from falkirk.runtime.job import load_job
 
     spent: dict[str, float] = {}
     t = time.monotonic()

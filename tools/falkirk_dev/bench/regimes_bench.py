@@ -35,7 +35,8 @@ def run_once(run, spark, lake: Path, persist: bool, until_epoch: int, bounded: b
     the runner, done (its ``timings`` and ``profile``)."""
     from falkirk.log.epochlog import EpochLog
     from falkirk.runtime.bounds import declare_bounds
-    from falkirk.runtime.runner import CompositeJob, JobRunner, job_logic
+    from falkirk.runtime.job import CompositeJob, job_logic
+    from falkirk.runtime.loop import JobRunner
 
     cfg = replace(run.cfg, lake=str(lake))
     if bounded:

@@ -1,0 +1,571 @@
+"""The epoch loop: a job's regions, one epoch (or one pass of several) at a time.
+
+For each epoch e (or the ready epochs e..e+k, a *pass*):
+
+1. ask every input connector (:mod:`falkirk.runtime.connectors`) where e's input is: a
+   Kafka input is complete when every partition has a record at or after the epoch's end
+   (or reached its declared bound); a Delta input when the sender's epoch ``e - delay``
+   is committed in the epoch log. When several epochs are ready at once and the job can
+   process a pass (:meth:`JobLogic.process_pass`), they go together, up to
+   :data:`MAX_PASS`;
+2. log ``running``; read the inputs (one read per edge for the whole pass);
+3. run the job's pure transforms;
+4. commit outputs through the output connectors, each epoch apart (a table gets a
+   version per epoch, a topic's records their epoch in a header);
+5. persist state as the regime says (eager every epoch, lazy every K epochs or T
+   seconds): in a pass, the state as of each due epoch (selective checkpoints), so a
+   rollback can land on any of them although they were computed together;
+6. log ``committed`` (or ``checkpointed``) per epoch with its input ranges, output
+   versions and state reference: what the rollback solver needs.
+
+The epoch log, not Spark's checkpoint folder, is the source of truth: a region always
+(re)starts from the frontier the log (or a rollback plan) names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from functools import partial, reduce
+from typing import Any
+
+from falkirk.config import Config, load
+from falkirk.faults import maybe_hold
+from falkirk.io.delta import PASS_COLUMN
+from falkirk.io.spark import cut_lineage, jobs_in_group, label_jobs, work_unit
+from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
+from falkirk.model.schemas import use_pipeline
+from falkirk.model.times import DOMAINS, Offsets, epoch_of_key, time_of
+from falkirk.model.topology import EdgeSpec, Pipeline
+from falkirk.runtime.connectors import (
+    ENDED,
+    WAIT,
+    InputConnector,
+    OutputConnector,
+    Wiring,
+    input_for,
+    outputs_for,
+)
+from falkirk.runtime.job import EpochContext, EpochResult, JobLogic, RuntimeFailure
+
+log = logging.getLogger("falkirk.runtime")
+
+#: The most epochs one pass takes: enough to pay a behind region's fixed costs once for
+#: a few minutes of input, few enough that a pass's plans and state stay small.
+MAX_PASS = 30
+
+
+class Fenced(RuntimeFailure):
+    """A rollback to ``generation`` fenced the job's regions: it records no more epochs."""
+
+    def __init__(self, message: str, generation: int):
+        super().__init__(message)
+        self.generation = generation
+
+
+class JobRunner:
+    """Runs a job's regions epoch by epoch (or pass by pass); see the module docstring."""
+
+    def __init__(self, pipeline: Pipeline, logic: JobLogic, spark: Any,
+                 cfg: Config | None = None, epoch_log: EpochLog | None = None,
+                 start: dict[str, int] | None = None, persist: bool = True,
+                 generation: int | None = None, max_pass: int = MAX_PASS):
+        self.pipeline = pipeline
+        use_pipeline(pipeline.schema_roots)  # the job's transforms name its tables bare
+        # persist=False runs the same transforms with nothing made durable (no epoch log,
+        # no Delta commits, no checkpoints): the all-ephemeral baseline of the benchmarks.
+        self.persist = persist
+        self.max_pass = max(1, max_pass) if logic.passes else 1
+        # Per epoch: (epoch, seconds, finished at (wall clock), records read per Kafka edge);
+        # an epoch of a pass gets the pass's seconds shared out.
+        self.timings: list[tuple[int, float, float, dict[str, int]]] = []
+        self.passes: list[tuple[list[int], float]] = []  # each pass's epochs and seconds
+        # Seconds per phase over the run (epoch-log bookkeeping, input set-up, the job's
+        # process, each region's commits, sends and checkpoints): the benchmarks' profile.
+        self.profile: dict[str, float] = {}
+        # Spark jobs per phase over the run (counted in the epoch's job group): the same
+        # split, in the unit Spark's scheduler pays a fixed cost for.
+        self.spark_jobs: dict[str, int] = {}
+        self._group, self._jobs_seen = "", 0
+        self._jobs_aside = 0  # Spark jobs of an epoch's commits, in job groups of their own
+        self.epoch_jobs: list[int] = []  # Spark jobs of each epoch, in order (a pass shared)
+        self.logic = logic
+        self.spark = spark
+        self.cfg = cfg or load()
+        self.log = epoch_log or EpochLog.from_config(self.cfg)
+        unknown = set(logic.regions) - set(pipeline.regions)
+        if unknown:
+            raise RuntimeFailure(f"job {type(logic).__name__} runs regions {sorted(unknown)} "
+                                 f"that pipeline {pipeline.name!r} does not declare")
+        self.regions = list(logic.regions)
+        # The log's current generation, or a rollback's done (a job resuming after it: a
+        # newer rollback that fenced it meanwhile then parks it again at once).
+        self.generation = (self.log.generation(pipeline.name) if generation is None
+                           else generation)
+        self.wiring = Wiring(spark, self.cfg, pipeline, self.log, self.generation,
+                             self.regions)
+        logs = self.wiring.logs()
+        # Each region restarts after its frontier: given by a rollback, else its latest
+        # restorable entry in the log.
+        self.done: dict[str, int] = {}
+        for r in self.regions:
+            if start and r in start:
+                self.done[r] = start[r]
+            else:
+                spec = pipeline.regions[r]
+                rows = logs[r].restorable(spec.regime)
+                self.done[r] = -1 if not rows else epoch_of_key(
+                    spec.domain, DOMAINS[spec.domain].parse(rows[-1].time))
+        self.state: dict[str, Any] = {}
+        self.state_frames: dict[str, Any] = {}  # region -> its state at its last checkpoint
+        # region -> when it last checkpointed or was restored (checkpoint_seconds)
+        self.checkpointed_at: dict[str, float] = dict.fromkeys(self.regions, time.monotonic())
+        self.checkpoints: dict[str, Any] = {}
+        for r in self.regions:
+            if pipeline.regions[r].keeps_state:
+                self._restore_state(r, logs[r])
+        self.inputs: dict[str, InputConnector] = {
+            e.name: input_for(self.wiring, e, self.done[e.dst])
+            for r in self.regions for e in pipeline.in_edges(r) if not self.internal(e)}
+        self.outputs: dict[str, list[OutputConnector]] = {
+            r: outputs_for(self.wiring, r, persist) for r in self.regions}
+        self.watch = None  # a FenceWatch, set when the job parks (JobDriver)
+
+    # -- setup --------------------------------------------------------------------------
+
+    def internal(self, edge: EdgeSpec) -> bool:
+        """Records passed inside this job (unlogged, or a table its own region writes)."""
+        return edge.kind == "unlogged" or (edge.kind == "delta" and edge.src in self.regions)
+
+    def checkpoint_store(self, region: str):
+        from falkirk.regimes.checkpoints import CheckpointStore
+
+        if region not in self.checkpoints:
+            self.checkpoints[region] = CheckpointStore(
+                self.cfg.table("_falkirk_state", self.pipeline.name, region),
+                self.logic.state_schema(region), self.cfg.delta_storage_options or None)
+        return self.checkpoints[region]
+
+    def _restore_state(self, region: str, rlog: RegionLog) -> None:
+        done = self.done[region]
+        if done < 0:
+            self.state[region] = self.logic.initial_state(region, self.spark)
+            self.state_frames[region] = None
+            return
+        spec = self.pipeline.regions[region]
+        row = rlog.entries.get(DOMAINS[spec.domain].parse(time_of(spec.domain, done)))
+        if row is None or row.state_ref is None:
+            raise RuntimeFailure(
+                f"region {region!r} restarts after epoch {done}, but the epoch log names no "
+                "state checkpoint for it"
+            )
+        # Read once and kept: the job's state is built from it and the next checkpoint's
+        # diff compares with it. Uncut, each use read the store again and ranked its rows
+        # (stats' checkpoint in the first epoch after a restore: 15-28 Spark stages, 14
+        # cut), and a state of several parts (communities') read it once per part.
+        frame = cut_lineage(self.checkpoint_store(region).restore_frame(
+            self.spark, int(row.state_ref.split(":")[-1])))
+        self.state_frames[region] = frame
+        self.state[region] = self.logic.state_from_frame(region, frame, self.spark)
+        log.info("region %s: state restored from %s", region, row.state_ref)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    @property
+    def next_epoch(self) -> int:
+        return min(self.done.values()) + 1
+
+    def run(self, until_epoch: int | None = None, poll_s: float = 0.5,
+            idle_timeout_s: float | None = None, on_epoch: Callable[[int], None] | None = None
+            ) -> int:
+        """Process epochs until ``until_epoch`` (inclusive) or the input ends; return the
+        last epoch done."""
+        idle_since = time.monotonic()
+        while until_epoch is None or self.next_epoch <= until_epoch:
+            e = self.next_epoch
+            if self.watch is not None and self.watch.fenced is not None:
+                self._fenced(self.watch.fenced, f"epoch {e} is not started")
+            if self.watch is not None and self.watch.engine_lost:
+                raise RuntimeFailure(
+                    f"job {'+'.join(self.regions)}: the Spark engine at "
+                    f"{self.cfg.spark_remote} stopped answering before epoch {e}; the job's "
+                    "session (its state) is gone with it")
+            ready = self._ready(e, until_epoch)
+            if ready is ENDED:  # the input ended: nothing more will come
+                self._record_end(e - 1)
+                break
+            if ready is WAIT:
+                if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                    raise RuntimeFailure(
+                        f"job {'+'.join(self.regions)}: epoch {e} not complete at its inputs "
+                        f"after {idle_timeout_s:.0f} s")
+                time.sleep(poll_s)
+                continue
+            epochs, places = ready
+            self.process(epochs, places)
+            idle_since = time.monotonic()
+            if on_epoch is not None:
+                for done in epochs:
+                    on_epoch(done)
+        else:  # stopped at until_epoch: say so if the input also ends there
+            if self._ready(self.next_epoch, None) is ENDED:
+                self._record_end(self.next_epoch - 1)
+        return self.next_epoch - 1
+
+    def _record_end(self, through: int) -> None:
+        """The input ended after epoch ``through``: receivers that read only our Delta
+        outputs (and would wait for the next epoch forever) end too."""
+        if self.persist:
+            self.log.record_end(self.pipeline.name, self.regions, through, self.generation)
+
+    def _ready(self, e: int, until: int | None) -> tuple[list[int], dict] | bool | None:
+        """The ready epochs from ``e`` on (a pass when the job's regions are all at ``e``
+        and it takes passes) with each input's places; :data:`WAIT`; or :data:`ENDED`."""
+        aligned = all(d == e - 1 for d in self.done.values())
+        n = self.max_pass if aligned else 1
+        if until is not None:
+            n = max(1, min(n, until - e + 1))
+        epochs = list(range(e, e + n))
+        self.wiring.new_look()
+        places: dict[str, list[Any]] = {}
+        for name, connector in self.inputs.items():
+            found = connector.places(epochs)
+            if found is ENDED or found is WAIT:
+                return found
+            places[name] = found
+            epochs = epochs[:len(found)]
+        return epochs, {name: found[:len(epochs)] for name, found in places.items()}
+
+    def _spent(self, phase: str, since: float) -> float:
+        """Add the seconds since ``since`` to ``phase`` in the profile; now."""
+        now = time.monotonic()
+        self.profile[phase] = self.profile.get(phase, 0.0) + now - since
+        seen = jobs_in_group(self.spark, self._group)
+        self.spark_jobs[phase] = self.spark_jobs.get(phase, 0) + seen - self._jobs_seen
+        self._jobs_seen = seen
+        return now
+
+    def process_epoch(self, e: int, where: dict) -> None:
+        """One epoch at places already found (tests and tools drive the loop by hand)."""
+        self.process([e], {k: [v] for k, v in where.items()})
+
+    def process(self, epochs: list[int], places: dict[str, list[Any]]) -> None:
+        """Process the ready ``epochs`` (one, or a pass) whose inputs are at ``places``."""
+        started = time.monotonic()
+        e = epochs[0]
+        active = {r for r in self.regions if self.done[r] < e}
+        self._group = name_spark_jobs(self.spark, self.pipeline.name, active, epochs,
+                                      self.generation)
+        self._jobs_seen = jobs_before = jobs_in_group(self.spark, self._group)
+        self._jobs_aside = 0
+        profile_before, jobs_before_phase = dict(self.profile), dict(self.spark_jobs)
+        # A region that restarted from a checkpoint older than epochs it already committed
+        # (and no rollback invalidated) redoes them for its state only: their outputs are
+        # live, and committing them again (in a new generation) would duplicate them.
+        redo: dict[tuple[str, int], EpochRecord] = {}
+        if self.persist:
+            logs = self.log.regions(self.pipeline)
+            for r in active:
+                for x in epochs:
+                    row = self.wiring.row(r, x, logs)
+                    if row is not None and row.status in ("committed", "checkpointed"):
+                        redo[(r, x)] = row
+            self.log.record(*(EpochRecord(self.pipeline.name, r, self._time(r, x),
+                                          self.generation, "running",
+                                          note=f"pid {os.getpid()}")
+                              for r in sorted(active) for x in epochs
+                              if (r, x) not in redo))
+        t = self._spent("epoch log", started)
+        inputs = {name: c.read(epochs, places[name]) for name, c in self.inputs.items()}
+        due = {r: self._due(r, epochs) for r in sorted(active)
+               if self.pipeline.regions[r].keeps_state}
+        ctx = EpochContext(e, self.generation, self.spark, self.pipeline, inputs,
+                           dict(self.state), active, epochs=list(epochs), checkpoints=due,
+                           history=lambda edge: self.inputs[edge].history(e))
+        t = self._spent("inputs", t)
+        result = (self.logic.process_pass(ctx) if len(epochs) > 1
+                  else self.logic.process(ctx))
+        if result is None:
+            raise RuntimeFailure(f"job {type(self.logic).__name__} returned no result for "
+                                 f"epochs {epochs}")
+        t = self._spent("process", t)
+        outputs, state_refs = self._commit_all(result, epochs, active, redo, due, t)
+        t = time.monotonic()
+        rows = []
+        for r in sorted(active):
+            for x in epochs:
+                ref = state_refs.get((r, x))
+                if (r, x) in redo and ref is None:  # nothing new to say about this epoch
+                    continue
+                mine = {name: logged for name, c in self.inputs.items()
+                        if c.edge.dst == r
+                        and (logged := c.logged(places[name][epochs.index(x)])) is not None}
+                rows.append(EpochRecord(
+                    self.pipeline.name, r, self._time(r, x), self.generation,
+                    "committed" if ref is None else "checkpointed", inputs=mine or None,
+                    outputs=({**redo[(r, x)].outputs} if (r, x) in redo and
+                             redo[(r, x)].outputs else outputs.get((r, x))) or None,
+                    state_ref=ref, note=f"pid {os.getpid()}"))
+        if self.persist:
+            self._check_fence(epochs[-1])
+            maybe_hold("runner:fence-checked")
+            self.log.record(*rows)
+        for r in active:
+            self.done[r] = epochs[-1]
+        t = self._spent("epoch log", t)
+        self.logic.finish_epoch(ctx)
+        self._spent("finish", t)
+        for name, c in self.inputs.items():
+            c.consumed(places[name][-1])
+        self._account(epochs, places, started, jobs_before, profile_before, jobs_before_phase,
+                      active)
+
+    def _account(self, epochs: list[int], places: dict[str, list[Any]], started: float,
+                 jobs_before: int, profile_before: dict, jobs_before_phase: dict,
+                 active: set[str]) -> None:
+        """Timings, Spark jobs and the log line of an epoch or a pass."""
+        seconds = time.monotonic() - started
+        now = time.time()
+        # as of the last phase (Spark's status store is fed asynchronously: a later look
+        # could count a job no phase did)
+        jobs = self._jobs_seen - jobs_before + self._jobs_aside
+        for i, x in enumerate(epochs):
+            counts = {}
+            for name, c in self.inputs.items():
+                logged = c.logged(places[name][i])
+                if logged is not None and "to" in logged:
+                    counts[name] = sum(Offsets(logged["to"]).get(p) - Offsets(
+                        logged["from"]).get(p) for p in Offsets(logged["to"]).as_dict())
+            self.timings.append((x, seconds / len(epochs), now, counts))
+            self.epoch_jobs.append(round(jobs / len(epochs)))
+        self.passes.append((list(epochs), seconds))
+        what = (f"epoch {epochs[0]}" if len(epochs) == 1
+                else f"epochs {epochs[0]}-{epochs[-1]} ({len(epochs)} in one pass)")
+        log.info("%s done by %s in %.1f s (%d %s; %s)", what, "+".join(sorted(active)),
+                 seconds, jobs, work_unit(self.spark),
+                 epoch_profile(self.profile, profile_before, self.spark_jobs,
+                               jobs_before_phase))
+
+    def _due(self, region: str, epochs: list[int]) -> list[int]:
+        """The epochs whose state the region checkpoints, as its regime says (by time: the
+        pass's last epoch, once due)."""
+        if not self.persist:
+            return []
+        spec = self.pipeline.regions[region]
+        since = time.monotonic() - self.checkpointed_at[region]
+        rules = spec.regime_rules
+        due = [x for x in epochs[:-1] if rules.checkpoint_due(spec, x)]
+        if rules.checkpoint_due(spec, epochs[-1], since):
+            due.append(epochs[-1])
+        return due
+
+    def _commit_all(self, result: EpochResult, epochs: list[int], active: set[str],
+                    redo: dict[tuple[str, int], EpochRecord], due: dict[str, list[int]],
+                    since: float
+                    ) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, int], str]]:
+        """Commit every output and checkpoint of the epochs (side by side: different tables
+        and topics); per (region, epoch) its outputs and state reference. A region's
+        dead letters come last: they take the rows its other outputs refused."""
+        from pyspark.sql import functions as F
+
+        outputs: dict[tuple[str, int], dict] = {}
+        state_refs: dict[tuple[str, int], str] = {}
+        first: list[tuple[str, Callable[[], Any]]] = []
+        last: list[tuple[str, Callable[[], Any]]] = []
+        many = len(epochs) > 1
+        for r in sorted(active):
+            fresh = [x for x in epochs if (r, x) not in redo]
+            if not fresh:
+                continue
+            dead = self.pipeline.dead_letter_edge(r)
+            refused: list[Any] = []
+            for c in self.outputs[r]:
+                df = self._output(result, r, c.edge, epochs, c.edges)
+                if many and len(fresh) < len(epochs):
+                    df = df.filter(F.col(PASS_COLUMN).isin(fresh))
+                is_dead = dead is not None and c.edge.table == dead.table
+                phase = f"{'send' if c.edge.kind == 'kafka' else 'write'} {r}"
+                (last if is_dead else first).append((phase, partial(
+                    self._write, c, df, fresh, outputs, refused, dead is not None, is_dead)))
+        for r in sorted(active):
+            spec = self.pipeline.regions[r]
+            if not spec.keeps_state:
+                continue
+            self.state[r] = result.state.get(r, self.state.get(r))
+            for x in due.get(r, []):
+                checked = (r, x) in redo and redo[(r, x)].status == "checkpointed"
+                if not checked:
+                    state = (result.states.get(r, {}).get(x) if many
+                             else self.state[r])
+                    if state is None:
+                        raise RuntimeFailure(
+                            f"job {type(self.logic).__name__} processed epochs {epochs} in "
+                            f"one pass but returned no state of {r!r} for epoch {x}, whose "
+                            "checkpoint is due (EpochResult.states)")
+                    first.append((f"checkpoint {r}", partial(self._checkpoint, r, x, state,
+                                                             state_refs)))
+        t = self._side_by_side(first, since)
+        self._side_by_side(last, t)
+        return outputs, state_refs
+
+    def _check_fence(self, e: int) -> None:
+        """Refuse to record epoch ``e`` once a rollback fenced one of our regions: it is
+        stopping this job and plans from the log as it is, so a row recorded now could
+        say ``committed`` over data its restore removes."""
+        newer = self.log.fenced(self.pipeline.name, self.regions, self.generation)
+        if newer is not None:
+            self._fenced(newer, f"epoch {e} is not recorded")
+
+    def _fenced(self, newer: int, what: str) -> None:
+        raise Fenced(f"pipeline {self.pipeline.name!r}, job {'+'.join(self.regions)} "
+                     f"(generation {self.generation}): a rollback to generation {newer} "
+                     f"fenced it; {what}", newer)
+
+    def _output(self, result: EpochResult, region: str, edge: EdgeSpec, epochs: list[int],
+                edges: list[EdgeSpec] | None = None) -> Any:
+        """The DataFrame a job produced for an output (by edge, else by its table)."""
+        names = [x.name for x in (edges or [edge])]
+        df = next((result.outputs[n] for n in names if result.outputs.get(n) is not None),
+                  None)
+        if df is None and edge.kind == "delta":
+            df = result.outputs.get(edge.table)
+        if df is None:
+            raise RuntimeFailure(f"job {type(self.logic).__name__} produced nothing for "
+                                 f"edge {edge.name!r} of region {region!r} in epoch(s) "
+                                 f"{epochs}")
+        if len(epochs) > 1 and PASS_COLUMN not in df.columns:
+            raise RuntimeFailure(f"job {type(self.logic).__name__}'s output for edge "
+                                 f"{edge.name!r} of a pass of epochs {epochs} has no "
+                                 f"{PASS_COLUMN} column (each row's epoch)")
+        return df
+
+    def _write(self, c: OutputConnector, df: Any, epochs: list[int],
+               outputs: dict[tuple[str, int], dict], refused: list[Any], has_dead: bool,
+               is_dead: bool) -> None:
+        """Commit one output of the region's epochs; each edge on it gets its record. The
+        dead-letter table also takes the rows the region's other tables refused: a row
+        with a null where its table declares none goes there instead (when the region has
+        a dead-letter table), and the rest commits."""
+        from falkirk.io.lake import NullViolation
+        from falkirk.io.spark import null_violations
+
+        if is_dead and refused:
+            df = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), refused, df)
+        try:
+            committed = c.commit(df, epochs)
+        except NullViolation as err:
+            if not has_dead or is_dead:
+                raise
+            df, bad = null_violations(df, c.schema, c.edge.table, epochs)
+            log.warning("%s; those rows go to the region's dead letters", err)
+            refused.append(bad)
+            committed = c.commit(df, epochs)
+        for x, record in committed.items():
+            for edge in c.edges:
+                outputs.setdefault((c.region, x), {})[edge.name] = record
+
+    def _checkpoint(self, region: str, e: int, state: Any, refs: dict) -> None:
+        """Save the region's state as of epoch ``e``; ``refs`` names the checkpoint."""
+        frame = self.logic.state_to_frame(region, state)
+        self.checkpoint_store(region).save_frame(e, frame, self.state_frames.get(region))
+        self.state_frames[region] = frame
+        self.checkpointed_at[region] = time.monotonic()
+        refs[(region, e)] = f"checkpoint:{e}"
+
+    def _side_by_side(self, tasks: list[tuple[str, Callable[[], Any]]], since: float
+                      ) -> float:
+        """Run ``(phase, task)`` pairs at once, each in a thread of its own; now. A
+        region's checkpoints of a pass run one after another (each diffs against the one
+        before): they share one task.
+
+        Each task's Spark jobs run in a job group of their own (``<epoch group>|<i>:<phase>``,
+        local properties are per thread), so its seconds and Spark jobs still go to its
+        phase in the profile (phases then overlap: their seconds add up to more than the
+        epoch's). When one fails, the others are let finish, then the first failure is
+        raised: no commit is left running behind the job's exit."""
+        if not tasks:
+            return since
+        grouped: dict[str, list[Callable[[], Any]]] = {}
+        order: list[str] = []
+        for phase, task in tasks:
+            key = phase if phase.startswith("checkpoint ") else f"{phase}#{len(order)}"
+            if key not in grouped:
+                order.append(key)
+            grouped.setdefault(key, []).append(task)
+        runs = [(key.split("#")[0], grouped[key]) for key in order]
+        if len(runs) == 1:  # nothing to overlap: in this thread
+            phase, seq = runs[0]
+            for task in seq:
+                task()
+            return self._spent(phase, since)
+        from concurrent.futures import ThreadPoolExecutor
+
+        from pyspark import inheritable_thread_target
+
+        group = self._group
+
+        def run(i: int, seq: list[Callable[[], Any]]) -> tuple[float, int]:
+            sub = label_jobs(self.spark, f"{group}|{i}")
+            t0 = time.monotonic()
+            for task in seq:
+                task()
+            return time.monotonic() - t0, jobs_in_group(self.spark, sub)
+
+        with ThreadPoolExecutor(len(runs), thread_name_prefix="falkirk-commit") as pool:
+            futures = [(phase, pool.submit(inheritable_thread_target(self.spark)(run), i, seq))
+                       for i, (phase, seq) in enumerate(runs)]
+            errors = [f.exception() for _, f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]
+        for phase, f in futures:
+            seconds, jobs = f.result()
+            self.profile[phase] = self.profile.get(phase, 0.0) + seconds
+            self.spark_jobs[phase] = self.spark_jobs.get(phase, 0) + jobs
+            self._jobs_aside += jobs
+        now = time.monotonic()
+        self.profile["commits side by side"] = (self.profile.get("commits side by side", 0.0)
+                                               + now - since)
+        return now
+
+    def _time(self, region: str, e: int) -> Any:
+        return time_of(self.pipeline.regions[region].domain, e)
+
+    def close(self) -> None:
+        """Close the inputs and let go of the state frames (their checkpointed blocks): a
+        session that runs another pipeline next must not hold this one's."""
+        for c in self.inputs.values():
+            c.close()
+        self.state.clear()
+        self.state_frames.clear()
+        self.logic.release()
+
+
+def epoch_profile(seconds: dict[str, float], seconds_before: dict[str, float],
+                  jobs: dict[str, int], jobs_before: dict[str, int]) -> str:
+    """One epoch's share of the runner's profile, "phase s/jobs" by phase: a slow epoch in
+    a job's log says where its time and Spark jobs went (reads, transforms, commits,
+    checkpoints), without a benchmark."""
+    parts = []
+    for phase in seconds:
+        spent = seconds[phase] - seconds_before.get(phase, 0.0)
+        ran = jobs.get(phase, 0) - jobs_before.get(phase, 0)
+        if spent >= 0.05 or ran:
+            parts.append(f"{phase} {spent:.1f} s/{ran}")
+    return ", ".join(parts) or "no phase"
+
+
+def name_spark_jobs(spark: Any, pipeline: str, regions: set[str] | list[str],
+                    epochs: int | list[int], generation: int) -> str:
+    """Name the Spark jobs that follow (the epoch's reads, transforms, writes, commits) by
+    pipeline, regions, epoch(s) and generation: the Spark UI, its REST API and the event
+    log then show the same split as falkirk's own timings. Returns the job group id."""
+    hosted = "+".join(sorted(regions))
+    epochs = [epochs] if isinstance(epochs, int) else epochs
+    span = f"e{epochs[0]}" if len(epochs) == 1 else f"e{epochs[0]}-{epochs[-1]}"
+    group = f"falkirk/{pipeline}/{hosted}/{span}/g{generation}"
+    what = (f"epoch {epochs[0]}" if len(epochs) == 1
+            else f"epochs {epochs[0]}-{epochs[-1]}")
+    return label_jobs(spark, group,
+                      f"falkirk {pipeline}: {hosted} {what} (generation {generation})")
