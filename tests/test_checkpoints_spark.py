@@ -118,3 +118,32 @@ def test_a_restarted_job_reads_its_checkpoint_once(spark, tmp_path):
              if "add" in a]
     assert sum(json.loads(a["stats"])["numRecords"] for a in added) == \
         changed.num_rows + len(gone)
+
+
+def test_a_pass_saves_each_epochs_state_in_one_commit_as_saved_one_by_one(spark, tmp_path):
+    """A pass of several epochs checkpoints the state as of each due epoch in one Spark
+    write and one commit: each checkpoint writes exactly what a save of its own would (new
+    and changed keys, tombstones of removed ones, a key back after an absence) and each
+    restores exactly; a rollback can truncate to any of them."""
+    seq = states()
+    one = CheckpointStore(str(tmp_path / "one"), VALUES)
+    previous = None
+    for cid, table in seq:
+        one.save_frame(cid, frame(spark, table), previous)
+        previous = frame(spark, table)
+    many = CheckpointStore(str(tmp_path / "many"), VALUES)
+    (c0, s0), rest = seq[0], seq[1:]
+    many.save_frame(c0, frame(spark, s0), None)
+    version = many.save_frames([(cid, frame(spark, t)) for cid, t in rest], frame(spark, s0))
+    assert {many.version_of(cid) for cid, _ in rest} == {version}  # one commit for all
+
+    def written(store, cid):
+        rows = read_table(store.uri)
+        return sorted(tuple(r.values()) for r in rows.filter(
+            pa.compute.equal(rows["checkpoint"], cid)).to_pylist())
+
+    for cid, table in seq:
+        assert written(many, cid) == written(one, cid), cid
+        assert rows(many.restore_frame(spark, cid).toArrow()) == rows(table), cid
+    assert many.truncate_after(rest[0][0]) == [cid for cid, _ in rest[1:]]
+    assert rows(many.restore(rest[0][0])) == rows(rest[0][1])

@@ -106,6 +106,9 @@ class Config:
     # <var_dir>/engine): one engine per machine serves sandboxes with var folders of
     # their own.
     engine_dir: str = ""
+    # The most ready epochs a job processes in one pass (falkirk.runtime.loop): a region
+    # that is behind pays each fixed cost once per pass. 1: one epoch at a time.
+    max_pass: int = 30
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""

@@ -30,7 +30,15 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from falkirk.job import EpochContext, EpochResult, JobLogic, conform, cut_lineage, main
+from falkirk.job import (
+    PASS_COLUMN,
+    EpochContext,
+    EpochResult,
+    JobLogic,
+    conform,
+    cut_lineage,
+    main,
+)
 
 log = logging.getLogger("falkirk.jobs.communities")
 
@@ -192,6 +200,50 @@ def components(edges_df: DataFrame, labels_df: DataFrame) -> DataFrame:
     return pairs.coalesce(1).mapInArrow(fixed_point, "node_id long, label long")
 
 
+def components_epochs(pairs_df: DataFrame, labels_df: DataFrame, epochs: list[int]
+                      ) -> DataFrame:
+    """:func:`components` after each of ``epochs`` (a pass), in one task: ``pairs_df``
+    holds the new edges ``(e, user_id, item_id)`` of the pass, tagged with their epoch;
+    ``labels_df`` the labels before it. Returns ``(e, node_id, label)``: every node's
+    label at the fixed point of the graph through epoch e, for each e of ``epochs``
+    (connected components of the growing graph, recomputed epoch by epoch in one Python
+    worker: the labels each epoch would get alone)."""
+    pairs = pairs_df.select(F.col("e").cast("long"),
+                            user_node(F.col("user_id")).cast("long").alias("u"),
+                            item_node(F.col("item_id")).cast("long").alias("i"))
+    previous = labels_df.select(F.lit(-1).cast("long").alias("e"),
+                                F.col("node_id").cast("long").alias("u"),
+                                F.col("label").cast("long").alias("i"))
+    wanted = sorted(epochs)
+
+    def fixed_points(batches):  # nested, so Spark ships it by value, not by module name
+        import numpy as np
+        import pyarrow as pa
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components
+
+        schema = pa.schema([("e", pa.int64()), ("u", pa.int64()), ("i", pa.int64())])
+        table = pa.Table.from_batches([b for b in batches if b.num_rows], schema=schema)
+        e, a, b = (table.column(n).to_numpy() for n in ("e", "u", "i"))
+        for epoch in wanted:
+            keep = e <= epoch
+            ua, ub = a[keep], b[keep]
+            if len(ua) == 0:
+                continue
+            nodes, index = np.unique(np.concatenate([ua, ub]), return_inverse=True)
+            m = len(ua)
+            graph = coo_matrix((np.ones(m, dtype=np.int8), (index[:m], index[m:])),
+                               shape=(len(nodes), len(nodes)))
+            _, component = connected_components(graph, directed=False)
+            _, first = np.unique(component, return_index=True)  # each one's smallest node
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(np.full(len(nodes), epoch, dtype=np.int64)), pa.array(nodes),
+                 pa.array(nodes[first][component])], names=["e", "node_id", "label"])
+
+    return (pairs.unionByName(previous).coalesce(1)
+            .mapInArrow(fixed_points, "e long, node_id long, label long"))
+
+
 def user_community(labels_df: DataFrame, epoch: int) -> DataFrame:
     """The ``user_community`` rows of ``epoch``: every user node with its label."""
     out = (
@@ -242,6 +294,55 @@ class CommunitiesJob(JobLogic):
                      rounds, size)
         return EpochResult(outputs={"user_community": user_community(labels, ctx.epoch)},
                            state={REGION: {"edges": graph, "labels": labels}})
+
+    def process_pass(self, ctx: EpochContext) -> EpochResult:
+        """Several epochs: the labels after each (in one task while the graph fits one,
+        else by label propagation epoch by epoch), and the state as of each epoch whose
+        checkpoint is due."""
+        state = ctx.state[REGION]
+        tagged = ctx.inputs["interactions"].select(
+            F.col(PASS_COLUMN).alias("e"), "user_id", "item_id").distinct()
+        graph = cut_lineage(state["edges"].unionByName(tagged.select("user_id", "item_id"))
+                            .distinct())
+        size = graph.count()
+        if size <= self.one_task_max_edges:
+            labels = cut_lineage(components_epochs(tagged, state["labels"], ctx.epochs))
+            log.info("epochs %d-%d converged in one task (%d edge(s))", ctx.epoch, ctx.last,
+                     size)
+        else:
+            per_epoch, edges, previous = [], state["edges"], state["labels"]
+            for e in ctx.epochs:
+                new = tagged.filter(F.col("e") == e).select("user_id", "item_id")
+                edges = cut_lineage(edges.unionByName(new).distinct())
+                previous, rounds = transform(edges, previous, seeds_df=endpoints(new))
+                per_epoch.append(previous.withColumn("e", F.lit(e).cast("long")))
+                log.info("epoch %d converged after %d iteration(s)", e, rounds)
+            labels = per_epoch[0]
+            for more in per_epoch[1:]:
+                labels = labels.unionByName(more)
+            labels = cut_lineage(labels)
+        out = conform(
+            labels.filter(F.col("node_id") % 2 == 0)
+            .withColumn("user_id", F.shiftright(F.col("node_id"), 1))
+            .withColumn("epoch", F.col("e")), "user_community")
+
+        # each edge with the first epoch it came in (before the pass: -1), so the graph
+        # as of any epoch of the pass is a filter, not a distinct of its own
+        first_seen = cut_lineage(
+            state["edges"].select(F.lit(-1).cast("long").alias("e"), "user_id", "item_id")
+            .unionByName(tagged.select(F.col("e").cast("long"), "user_id", "item_id"))
+            .groupBy("user_id", "item_id").agg(F.min("e").alias("e")))
+
+        def as_of(e: int) -> dict:
+            return {"edges": first_seen.filter(F.col("e") <= e).select("user_id", "item_id"),
+                    "labels": labels.filter(F.col("e") == e).select("node_id", "label")}
+
+        last = {"edges": graph,
+                "labels": cut_lineage(labels.filter(F.col("e") == ctx.last)
+                                      .select("node_id", "label"))}
+        return EpochResult(outputs={"user_community": out}, state={REGION: last},
+                           states={REGION: {e: as_of(e) for e in
+                                            ctx.checkpoints.get(REGION, [])}})
 
     def state_schema(self, region: str) -> pa.Schema:
         return STATE_SCHEMA

@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from falkirk.job import (
+    PASS_COLUMN,
     EpochContext,
     EpochResult,
     JobLogic,
@@ -160,10 +161,18 @@ class IngestJob(JobLogic):
     regions = (REGION,)
 
     def process(self, ctx: EpochContext) -> EpochResult:
+        return self._validated(ctx, F.lit(ctx.epoch))
+
+    def process_pass(self, ctx: EpochContext) -> EpochResult:
+        """Several epochs at once: each record validated against the epoch whose range it
+        was read in (its pass column); every output is grouped by epoch already."""
+        return self._validated(ctx, F.col(PASS_COLUMN))
+
+    def _validated(self, ctx: EpochContext, epoch: Column) -> EpochResult:
         s = ctx.pipeline.settings
         raw = ctx.inputs["events"].persist()  # validate() reads it twice
-        events, dead = validate(raw, ctx.epoch, int(s["origin_ms"]),
-                                int(s["epoch_seconds"] * 1000))
+        events, dead = validate_at(raw, epoch, int(s["origin_ms"]),
+                                   int(s["epoch_seconds"] * 1000))
         events = events.persist()
         self._cached = [raw, events]
         return EpochResult(outputs={"purchases": purchases(events),

@@ -28,23 +28,34 @@ def transform(purchases_df: DataFrame, epoch: int, window: int, top_n: int) -> D
     output's ``epoch`` is ``epoch``. Rows of ``purchases_df`` outside the window are
     ignored, so the caller may pass more than the window.
     """
+    return transform_epochs(purchases_df, [epoch], window, top_n)
+
+
+def transform_epochs(purchases_df: DataFrame, epochs: list[int], window: int,
+                     top_n: int) -> DataFrame:
+    """:func:`transform` for each of ``epochs`` at once (a pass): a purchase row of epoch
+    k counts in the windows of epochs k .. k + window - 1, so each row is sent to those of
+    ``epochs`` and every window is ranked apart; the same rows as one call per epoch."""
     if window < 1 or top_n < 1:
         raise ValueError(f"window and top_n must be ≥ 1, got window={window}, top_n={top_n}")
-    in_window = (F.col("epoch") > epoch - window) & (F.col("epoch") <= epoch)
+    lo, hi = min(epochs), max(epochs)
+    target = F.explode(F.sequence(F.col("epoch"), F.col("epoch") + window - 1)).alias("t")
     totals = (
-        purchases_df.filter(in_window)
-        .groupBy("category", "item_id")
+        purchases_df.select("category", "item_id", "purchases", "revenue", target)
+        .filter(F.col("t").isin(epochs) & F.col("t").between(lo, hi))
+        .groupBy("t", "category", "item_id")
         .agg(
             F.sum("purchases").alias("purchases"),
             F.sum(F.round(F.col("revenue") * 100).cast("long")).alias("cents"),
         )
     )
-    order = Window.partitionBy("category").orderBy(F.col("cents").desc(), F.col("item_id").asc())
+    order = Window.partitionBy("t", "category").orderBy(F.col("cents").desc(),
+                                                        F.col("item_id").asc())
     ranked = (
         totals.withColumn("rank", F.row_number().over(order))
         .filter(F.col("rank") <= top_n)
         .withColumn("revenue", F.col("cents") / F.lit(100.0))
-        .withColumn("epoch", F.lit(epoch))
+        .withColumn("epoch", F.col("t"))
     )
     return conform(ranked, "item_popularity")
 
@@ -55,10 +66,14 @@ class PopularityJob(JobLogic):
     regions = (REGION,)
 
     def process(self, ctx: EpochContext) -> EpochResult:
-        s = ctx.pipeline.app
-        top = transform(ctx.inputs["purchases"], ctx.epoch,
-                        int(s.get("popularity_window", DEFAULT_WINDOW)),
-                        int(s.get("top_n", DEFAULT_TOP_N)))
+        return self.process_pass(ctx)
+
+    def process_pass(self, ctx: EpochContext) -> EpochResult:
+        """The window is the purchases edge's (``window:`` in pipeline.yaml): the runtime
+        reads only those epochs' files."""
+        window = ctx.pipeline.edges["purchases"].window or DEFAULT_WINDOW
+        top = transform_epochs(ctx.inputs["purchases"], ctx.epochs, window,
+                               int(ctx.pipeline.app.get("top_n", DEFAULT_TOP_N)))
         return EpochResult(outputs={"item_popularity": top})
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import sys
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from falkirk.job import (
+    PASS_COLUMN,
     EpochContext,
     EpochResult,
     JobLogic,
@@ -73,8 +74,8 @@ def _as_of(df: DataFrame, epoch: int) -> DataFrame:
 
     Not "the latest rows before": an epoch its region committed with no rows is an empty
     snapshot (e.g. no purchases in the popularity window), not a reason to answer from an
-    older one. The runtime reads the table at the version where its region committed
-    ``epoch`` (the epoch log says so), so the snapshot is complete, empty or not.
+    older one. The runtime reads the rows the region appended for ``epoch`` (the version
+    the epoch log names), so the snapshot is complete, empty or not.
     """
     return df.filter(F.col("epoch") == epoch)
 
@@ -83,6 +84,21 @@ def _json_ids(sorted_structs: Column) -> Column:
     """The first :data:`TOP_ITEMS` item ids of a sorted array of structs, as a JSON list."""
     top = F.slice(sorted_structs, 1, TOP_ITEMS)
     return F.to_json(F.transform(top, lambda s: s["item_id"]))
+
+
+def bought_counts(interactions_df: DataFrame) -> DataFrame:
+    """Purchased interaction rows per ``(user_id, category)``: what a community's favourite
+    category counts (a row per epoch and user-item pair). Kept by the job across epochs:
+    each epoch adds its own rows' counts, so an epoch never re-reads the history."""
+    keys = [c for c in ("t",) if c in interactions_df.columns]
+    return (interactions_df.filter(F.col("purchased"))
+            .groupBy(*keys, "user_id", "category").agg(F.count(F.lit(1)).alias("n")))
+
+
+def add_counts(a: DataFrame, b: DataFrame) -> DataFrame:
+    """Two sets of :func:`bought_counts` summed per key."""
+    keys = [c for c in a.columns if c != "n"]
+    return a.unionByName(b).groupBy(*keys).agg(F.sum("n").alias("n"))
 
 
 def answer(
@@ -110,47 +126,54 @@ def answer(
       without a category, the top items overall in that snapshot by revenue descending,
       then item id (``[]`` if the snapshot is empty). A JSON list such as ``[4,12,9]``.
     """
-    communities = (
-        _as_of(user_community_df, epoch - 1)
-        .groupBy("user_id")
-        .agg(F.min("label").alias("label"))
+    at = F.lit(epoch).cast("long")
+    return answer_at(
+        queries_df.withColumn("t", at),
+        _as_of(user_community_df, epoch - 1).withColumn("t", at),
+        bought_counts(interactions_df.filter(F.col("epoch") < epoch)).withColumn("t", at),
+        _as_of(item_popularity_df, epoch - 1).withColumn("t", at),
     )
-    popularity = _as_of(item_popularity_df, epoch - 1)
+
+
+def answer_at(queries_df: DataFrame, communities_df: DataFrame, counts_df: DataFrame,
+              popularity_df: DataFrame) -> DataFrame:
+    """:func:`answer` for the epochs in the ``t`` column of every input (a pass of several
+    epochs): queries of epoch t, the user_community and item_popularity snapshots of t - 1
+    and the purchase counts (:func:`bought_counts`) before t, each row tagged with the t it
+    serves. The responses' ``epoch`` is t."""
+    communities = communities_df.groupBy("t", "user_id").agg(F.min("label").alias("label"))
     bought = (
-        interactions_df.filter((F.col("epoch") < epoch) & F.col("purchased"))
-        .join(communities, "user_id")
-        .groupBy("label", "category")
-        .agg(F.count(F.lit(1)).alias("n"))
+        counts_df.join(communities, ["t", "user_id"])
+        .groupBy("t", "label", "category")
+        .agg(F.sum("n").alias("n"))
     )
-    favourite = bought.groupBy("label").agg(
+    favourite = bought.groupBy("t", "label").agg(
         F.min(F.struct((-F.col("n")).alias("neg_n"), F.col("category"))).alias("best")
-    ).select("label", F.col("best.category").alias("category"))
-    category_items = popularity.groupBy("category").agg(
+    ).select("t", "label", F.col("best.category").alias("category"))
+    category_items = popularity_df.groupBy("t", "category").agg(
         _json_ids(F.sort_array(F.collect_list(F.struct("rank", "item_id")))).alias("cat_items")
     )
     overall = (
-        popularity.groupBy("item_id")
+        popularity_df.groupBy("t", "item_id")
         .agg(F.max(F.round(F.col("revenue") * 100).cast("long")).alias("cents"))
-        .agg(  # one row, even when empty: "[]"
-            _json_ids(
-                F.sort_array(F.collect_list(F.struct((-F.col("cents")).alias("neg"), "item_id")))
-            ).alias("overall_items")
-        )
+        .groupBy("t")
+        .agg(_json_ids(
+            F.sort_array(F.collect_list(F.struct((-F.col("cents")).alias("neg"), "item_id")))
+        ).alias("overall_items"))
     )
     out = (
-        queries_df.select("query_id", "user_id")
+        queries_df.select("t", "query_id", "user_id")
         .distinct()
-        .join(communities, "user_id", "left")
-        .join(favourite, "label", "left")
-        .join(category_items, "category", "left")
-        .crossJoin(overall)
+        .join(communities, ["t", "user_id"], "left")
+        .join(favourite, ["t", "label"], "left")
+        .join(category_items, ["t", "category"], "left")
+        .join(overall, "t", "left")
         .withColumn(
             "items",
-            F.when(F.col("category").isNotNull(), F.coalesce("cat_items", F.lit("[]"))).otherwise(
-                F.col("overall_items")
-            ),
+            F.when(F.col("category").isNotNull(), F.coalesce("cat_items", F.lit("[]")))
+            .otherwise(F.coalesce("overall_items", F.lit("[]"))),
         )
-        .withColumn("epoch", F.lit(epoch))
+        .withColumn("epoch", F.col("t"))
     )
     return conform(out, "responses")
 
@@ -200,6 +223,47 @@ def stats(
     return query_stats, totals.select("dimension", "value", F.col("total").cast("long"))
 
 
+def stats_epochs(responses_df: DataFrame, previous_totals_df: DataFrame,
+                 epochs: list[int]) -> tuple[DataFrame, DataFrame]:
+    """:func:`stats` for a pass: ``responses_df`` of several epochs (their ``epoch``
+    column), the totals before the first. Returns the ``query_stats`` rows of every epoch
+    and the totals after each epoch (``epoch, dimension, value, total``): every value
+    known by then, its running total summed in epoch order, in one plan."""
+    answered = (
+        responses_df.select(
+            "epoch", F.lit("community").alias("dimension"),
+            F.coalesce(F.col("label").cast("string"), F.lit(NONE)).alias("value"),
+        )
+        .unionByName(
+            responses_df.select(
+                "epoch", F.lit("category").alias("dimension"),
+                F.coalesce(F.col("category"), F.lit(NONE)).alias("value"),
+            )
+        )
+        .groupBy("epoch", "dimension", "value")
+        .agg(F.count(F.lit(1)).alias("answered"))
+    )
+    previous = previous_totals_df.groupBy("dimension", "value").agg(
+        F.max("total").alias("previous"))
+    keys = previous.select("dimension", "value").unionByName(
+        answered.select("dimension", "value")).distinct()
+    grid = (keys.withColumn("epoch", F.explode(F.array(*[F.lit(e).cast("long")
+                                                         for e in epochs])))
+            .join(answered, ["epoch", "dimension", "value"], "left")
+            .join(previous, ["dimension", "value"], "left"))
+    running = Window.partitionBy("dimension", "value").orderBy("epoch").rowsBetween(
+        Window.unboundedPreceding, Window.currentRow)
+    totals = grid.select(
+        "epoch", "dimension", "value", F.coalesce("answered", F.lit(0)).alias("answered"),
+        (F.coalesce("previous", F.lit(0))
+         + F.sum(F.coalesce("answered", F.lit(0))).over(running)).cast("long").alias("total"),
+        # a value is known from its first answer on (or before the pass)
+        F.max(F.col("previous").isNotNull() | (F.coalesce("answered", F.lit(0)) > 0))
+        .over(running).alias("known"))
+    query_stats = conform(totals.filter(F.col("answered") > 0), "query_stats")
+    return query_stats, totals.filter("known").select("epoch", "dimension", "value", "total")
+
+
 TOTALS_SCHEMA = pa.schema([("dimension", pa.string()), ("value", pa.string()),
                            ("total", pa.int64())])
 
@@ -208,26 +272,49 @@ class ServeJob(JobLogic):
     """serve (ephemeral) and stats (eager) in one Spark job, joined by an unlogged edge.
 
     serve answers the epoch's queries from the side inputs as of e - 1 and sends the
-    responses (clients keep the latest per query id); stats folds them into running
-    totals, committed with its state every epoch.
+    responses (clients keep the latest per query id and epoch); stats folds them into
+    running totals, committed with its state every epoch. serve's purchase counts per user
+    and category live in the job (a cache, rebuilt from the interactions table when the
+    job starts or moves): an epoch reads only the interactions its e - 1 appended.
     """
 
     regions = (REGION, STATS)
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.bought: DataFrame | None = None  # bought_counts of sender epochs ≤ through
+        self.through: int | None = None
+        self._next: tuple[DataFrame, int] | None = None
+        self._cached: list[DataFrame] = []
+
     def initial_state(self, region: str, spark):
         return spark.createDataFrame([], "dimension string, value string, total long")
 
+    def _counts_before(self, ctx: EpochContext) -> DataFrame:
+        """The purchase counts of every interaction before the first epoch's own e - 1:
+        kept from the last pass, or read once from the table's history."""
+        if self.bought is None or self.through != ctx.epoch - 2:
+            if self.bought is not None:
+                self.bought.unpersist()
+            self.bought = cut_lineage(bought_counts(ctx.history("bought")))
+            self.through = ctx.epoch - 2
+        return self.bought
+
     def process(self, ctx: EpochContext) -> EpochResult:
+        at = F.lit(ctx.epoch).cast("long")
         queries, dead = validate_queries(ctx.inputs["queries"], ctx.epoch)
-        responses = answer(queries, ctx.inputs["user_community"], ctx.inputs["bought"],
-                           ctx.inputs["item_popularity"], ctx.epoch).persist()
+        before = self._counts_before(ctx)
+        new = bought_counts(ctx.inputs["bought"].filter(F.col("epoch") == ctx.epoch - 1))
+        counts = add_counts(before, new)
+        responses = answer_at(
+            queries.withColumn("t", at),
+            _as_of(ctx.inputs["user_community"], ctx.epoch - 1).withColumn("t", at),
+            counts.withColumn("t", at),
+            _as_of(ctx.inputs["item_popularity"], ctx.epoch - 1).withColumn("t", at),
+        ).persist()
         self._cached = [responses]
-        outputs = {
-            "responses": responses.select(
-                F.col("query_id").alias("key"),
-                F.to_json(F.struct(*responses.columns)).alias("value")),
-            "query_dead_letters": dead,
-        }
+        self._next = (counts, ctx.epoch - 1)
+        outputs = {"responses": _messages(responses), "query_dead_letters": dead}
         state = {}
         if STATS in ctx.active:
             query_stats, totals = stats(responses, ctx.state[STATS], ctx.epoch)
@@ -235,9 +322,54 @@ class ServeJob(JobLogic):
             state[STATS] = cut_lineage(totals)
         return EpochResult(outputs=outputs, state=state)
 
+    def process_pass(self, ctx: EpochContext) -> EpochResult:
+        """Several epochs: every input carries the epoch t it serves (its pass column);
+        the counts before t are those before the pass plus the pass's appends up to t."""
+        t = F.col(PASS_COLUMN).cast("long")
+        queries, dead = validate_queries_at(ctx.inputs["queries"], t)
+        appended = ctx.inputs["bought"]
+        before = self._counts_before(ctx)
+        epochs = ctx.spark.createDataFrame([(e,) for e in ctx.epochs], "t long")
+        # a row delivered at p counts for every t ≥ p of the pass
+        spread = bought_counts(appended.withColumn("t", F.explode(
+            F.sequence(t, F.lit(ctx.last).cast("long")))))
+        counts = add_counts(before.crossJoin(epochs), spread)
+        communities = ctx.inputs["user_community"].filter(F.col("epoch") == t - 1)
+        popularity = ctx.inputs["item_popularity"].filter(F.col("epoch") == t - 1)
+        responses = answer_at(queries.withColumn("t", F.col("epoch")),
+                              communities.withColumn("t", t),
+                              counts, popularity.withColumn("t", t))
+        responses = responses.withColumn(PASS_COLUMN, F.col("epoch")).persist()
+        self._cached = [responses]
+        self._next = (add_counts(before, bought_counts(appended)), ctx.last - 1)
+        outputs = {"responses": _messages(responses), "query_dead_letters": dead}
+        result = EpochResult(outputs=outputs)
+        if STATS in ctx.active:
+            query_stats, totals = stats_epochs(responses, ctx.state[STATS], ctx.epochs)
+            totals = cut_lineage(totals)
+            self._cached.append(totals)
+
+            def after(e: int) -> DataFrame:
+                return totals.filter(F.col("epoch") == e).select("dimension", "value",
+                                                                 "total")
+
+            outputs["query_stats"] = query_stats
+            result.state[STATS] = cut_lineage(after(ctx.last))
+            result.states[STATS] = {e: after(e) for e in ctx.checkpoints.get(STATS, [])}
+        return result
+
     def finish_epoch(self, ctx: EpochContext) -> None:
         for df in self._cached:
             df.unpersist()
+        if self._next is not None:  # committed: the counts move on
+            counts, through = self._next
+            old, self.bought = self.bought, cut_lineage(counts)
+            if old is not None:
+                old.unpersist()
+            self.through, self._next = through, None
+
+    def release(self) -> None:
+        self.bought, self.through, self._next = None, None, None
 
     def state_schema(self, region: str) -> pa.Schema:
         return TOTALS_SCHEMA
@@ -248,6 +380,15 @@ class ServeJob(JobLogic):
 
     def state_from_frame(self, region: str, frame: DataFrame, spark) -> DataFrame:
         return cut_lineage(frame.select("dimension", "value", "total"))
+
+
+def _messages(responses: DataFrame) -> DataFrame:
+    """The responses as the topic's messages: the query id as key, the row as JSON (and,
+    in a pass, each row's epoch)."""
+    extra = [PASS_COLUMN] if PASS_COLUMN in responses.columns else []
+    data = [c for c in responses.columns if c != PASS_COLUMN]
+    return responses.select(F.col("query_id").alias("key"),
+                            F.to_json(F.struct(*data)).alias("value"), *extra)
 
 
 if __name__ == "__main__":

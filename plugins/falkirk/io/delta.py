@@ -28,12 +28,14 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
 import zlib
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -691,8 +693,12 @@ def read_version(
     table_uri: str,
     version: int | None = None,
     storage_options: dict[str, str] | None = None,
+    epochs: tuple[int, int] | None = None,
 ) -> DataFrame:
-    """Exactly the rows of one table version (default: latest) as a Spark DataFrame.
+    """Exactly the rows of one table version (default: latest) as a Spark DataFrame; with
+    ``epochs=(lo, hi)`` only the rows of those epochs (inclusive), reading only the files
+    whose statistics say they hold some (a window over a growing table reads its window,
+    not its history).
 
     A table of reader version 1 without partition columns (every table falkirk creates:
     no deletion vectors, no column mapping) is, by the Delta protocol, the union of the
@@ -703,34 +709,80 @@ def read_version(
     version: a serve epoch paid 6 of its 45 Spark jobs for its three (docs/jobs.md). Any
     other table (other reader features, partitions) is read by delta-spark.
     """
+    from pyspark.sql import functions as F
+
     uri = table_uri.rstrip("/")
-    files = _plain_files(uri, version, storage_options)
+    files = _plain_files(uri, version, storage_options, epochs)
     if files is None:
         reader = spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
-        return reader.load(spark_uri(uri))
-    schema, paths = files
-    if not paths:
-        return spark.createDataFrame([], schema)
-    return spark.read.schema(schema).parquet(*(spark_uri(path) for path in paths))
+        df = reader.load(spark_uri(uri))
+    else:
+        schema, paths = files
+        if not paths:
+            return spark.createDataFrame([], schema)
+        df = spark.read.schema(schema).parquet(*(spark_uri(path) for path in paths))
+    if epochs is not None:
+        df = df.filter(F.col("epoch").between(*epochs))
+    return df
+
+
+_TABLES: dict[tuple[str, str], Any] = {}  # (uri, options) -> a delta-rs table kept open
+_TABLES_LOCK = threading.Lock()
+
+
+def table_at(table_uri: str, version: int | None,
+             storage_options: dict[str, str] | None = None) -> Any:
+    """A delta-rs table at ``version`` (latest: None), kept open per table in this
+    process and moved to each version asked for: a job reads its inputs at a newer
+    version every epoch, and opening the table anew replayed its log each time."""
+    key = (table_uri, json.dumps(storage_options or {}, sort_keys=True))
+    with _TABLES_LOCK:
+        table = _TABLES.get(key)
+        if table is None:
+            table = RsTable(table_uri, version=version, storage_options=storage_options)
+            _TABLES[key] = table
+        elif version is None:
+            table.update_incremental()
+        elif table.version() != version:
+            table.load_as_version(version)
+        return table
 
 
 _GLOB = re.compile(r"[*?\[\]{}\\]")  # Spark globs a path it reads as Parquet
 
 
 def _plain_files(table_uri: str, version: int | None,
-                 storage_options: dict[str, str] | None) -> tuple[StructType, list[str]] | None:
+                 storage_options: dict[str, str] | None,
+                 epochs: tuple[int, int] | None = None
+                 ) -> tuple[StructType, list[str]] | None:
     """(schema, data files) of a table version that plain Parquet reads exactly, else
     None (reader features such as deletion vectors or column mapping, partition columns,
-    a location Spark would take for a glob pattern)."""
-    table = RsTable(table_uri, version=version, storage_options=storage_options)
-    if table.protocol().min_reader_version > 1 or table.metadata().partition_columns:
-        return None
-    paths = [f"{table_uri}/{path}" for path in data_files(table, table_uri)]
+    a location Spark would take for a glob pattern). With ``epochs``, only the files whose
+    ``epoch`` statistics overlap them (files without statistics are kept)."""
+    table = table_at(table_uri, version, storage_options)
+    with _TABLES_LOCK:  # the table object may be moved by another reader meanwhile
+        if version is not None and table.version() != version:
+            table.load_as_version(version)
+        if table.protocol().min_reader_version > 1 or table.metadata().partition_columns:
+            return None
+        schema = spark_schema(pa.schema(table.schema().to_arrow()))
+        if epochs is None:
+            relative = data_files(table, table_uri)
+        else:
+            actions = pa.table(table.get_add_actions(flatten=True))
+            lo = (actions["min.epoch"].to_pylist() if "min.epoch" in actions.column_names
+                  else [None] * actions.num_rows)
+            hi = (actions["max.epoch"].to_pylist() if "max.epoch" in actions.column_names
+                  else [None] * actions.num_rows)
+            relative = [unquote(path) for path, a, b in
+                        zip(actions["path"].to_pylist(), lo, hi, strict=True)
+                        if a is None or b is None or (a <= epochs[1] and b >= epochs[0])]
+    paths = [f"{table_uri}/{path}" for path in relative]
     if any(_GLOB.search(path) for path in [table_uri, *paths]):
         return None
-    return spark_schema(pa.schema(table.schema().to_arrow())), paths
+    return schema, paths
 
 
 def read_appends(spark: SparkSession, table_uri: str, version: int, epoch: int,
@@ -746,20 +798,31 @@ def read_appends(spark: SparkSession, table_uri: str, version: int, epoch: int,
     plain Parquet cannot read exactly (:func:`_plain_files`) is read as that version,
     filtered by ``epoch`` (the same rows, at the cost of the whole snapshot).
     """
+    return read_appends_of(spark, table_uri, [(version, epoch)], storage_options)
+
+
+def read_appends_of(spark: SparkSession, table_uri: str, commits: list[tuple[int, int]],
+                    storage_options: dict[str, str] | None = None) -> DataFrame:
+    """:func:`read_appends` of several commits ``(version, epoch)`` in one Parquet read
+    (a pass of several epochs: a union of a read per epoch made a plan too deep for Spark
+    Connect's messages)."""
     from pyspark.sql import functions as F
 
     uri = table_uri.rstrip("/")
-    files = _plain_files(uri, version, storage_options)
+    newest = max(v for v, _ in commits)
+    epochs = sorted({e for _, e in commits})
+    files = _plain_files(uri, newest, storage_options)
     if files is None:
-        return read_version(spark, uri, version, storage_options).filter(
-            F.col("epoch") == epoch)
+        return read_version(spark, uri, newest, storage_options).filter(
+            F.col("epoch").isin(epochs))
     schema, _ = files
     if "epoch" not in schema.fieldNames():
         raise FalkirkError(f"{table_uri}: read: appends needs an epoch column, which this "
                            f"table does not have (columns: {', '.join(schema.fieldNames())})")
-    added = DeltaLogReader(uri, storage_options).added_files(version)
-    if not added:  # an epoch with no rows (or a commit that appended nothing)
+    log = DeltaLogReader(uri, storage_options)
+    paths = [f"{uri}/{path}" for v in sorted({v for v, _ in commits})
+             for path in log.added_files(v)]
+    if not paths:  # epochs with no rows (or commits that appended nothing)
         return spark.createDataFrame([], schema)
-    paths = [f"{uri}/{path}" for path in added]
     return (spark.read.schema(schema).parquet(*(spark_uri(p) for p in paths))
-            .filter(F.col("epoch") == epoch))
+            .filter(F.col("epoch").isin(epochs)))

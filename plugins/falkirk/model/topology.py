@@ -125,6 +125,10 @@ class EdgeSpec:
     # has passed for good (below its low watermark) and older than the sender's newest N
     # epochs may be deleted (docs/pipeline-yaml.md, "Garbage collection").
     retain_epochs: int | None = None
+    # ``read: snapshot`` of only the sender's last ``window`` epochs (by the table's
+    # ``epoch`` column, files chosen by their statistics): a receiver that needs a sliding
+    # window reads the window, not the table's whole history, every epoch.
+    window: int | None = None
 
     @property
     def table_schema(self) -> str:
@@ -305,7 +309,7 @@ class Pipeline:
             if not isinstance(spec, dict):
                 raise fail(where, "expected a mapping")
             extra = set(spec) - {"kind", "from", "to", "topic", "partitions", "table", "delay",
-                                 "schema", "read", "retain_epochs"}
+                                 "schema", "read", "retain_epochs", "window"}
             if extra:
                 raise fail(where, f"unknown keys {sorted(extra)}")
             kind = spec.get("kind")
@@ -350,8 +354,18 @@ class Pipeline:
                                       f"{'' if src else ' with no region writing it'}")
                 if not isinstance(retain, int) or isinstance(retain, bool) or retain < 0:
                     raise fail(where, f"retain_epochs must be an integer ≥ 0, got {retain!r}")
+            window = spec.get("window")
+            if window is not None:
+                if kind != "delta" or dst is None or read != "snapshot":
+                    raise fail(where, "window is how a region reads a delta edge as a "
+                                      "snapshot of the sender's last epochs; this edge is "
+                                      f"{kind}{'' if dst else ' with no receiver'}"
+                                      f"{', read: ' + read if read != 'snapshot' else ''}")
+                if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+                    raise fail(where, f"window must be an integer ≥ 1, got {window!r}")
             edges[ename] = EdgeSpec(ename, kind, src, dst, spec.get("topic"), partitions,
-                                    spec.get("table"), delay, spec.get("schema"), read, retain)
+                                    spec.get("table"), delay, spec.get("schema"), read, retain,
+                                    window)
 
         writers: dict[str, set[str]] = {}
         for e in edges.values():

@@ -312,12 +312,14 @@ class KafkaInput(InputConnector):
                         record_ddl(self.edge.topic, self.w.pipeline.schema_roots))
         if len(epochs) == 1:
             return df
-        which = None  # the epoch of a record: the range its partition's offset falls in
-        for e, (_, end) in zip(epochs, places, strict=True):
-            for p in end.as_dict():
-                cond = (F.col("partition") == int(p)) & (F.col("offset") < end.get(p))
-                which = F.when(cond, F.lit(e)) if which is None else which.when(cond, F.lit(e))
-        return df.withColumn(PASS_COLUMN, which.cast("long"))
+        # The epoch of a record: the first epoch of the pass plus how many of its
+        # partition's epoch ends are at or before its offset (one flat expression: a
+        # CASE per epoch and partition nested too deep for Spark Connect's plan message).
+        ends = F.create_map(*[x for p in places[-1][1].as_dict() for x in (
+            F.lit(int(p)), F.array(*[F.lit(end.get(p)) for _, end in places]))])
+        before = F.filter(F.element_at(ends, F.col("partition")),
+                          lambda x: x <= F.col("offset"))
+        return df.withColumn(PASS_COLUMN, (F.lit(epochs[0]) + F.size(before)).cast("long"))
 
     def logged(self, place: Any) -> dict:
         start, end = place
@@ -375,22 +377,25 @@ class DeltaInput(InputConnector):
     def read(self, epochs: list[int], places: list[Any]) -> Any:
         from pyspark.sql import functions as F
 
-        from falkirk.io.delta import read_appends, read_version
+        from falkirk.io.delta import read_appends_of, read_version
 
         uri = self.w.cfg.table(self.edge.table)
         opts = self.w.cfg.delta_storage_options or None
         if self.edge.read == "snapshot":  # as of the last epoch's version
             last = places[-1]
-            return self._empty() if last is None else read_version(self.w.spark, uri, last,
-                                                                   opts)
-        frames = [read_appends(self.w.spark, uri, v, e - self.edge.delay, opts)
-                  for e, v in zip(epochs, places, strict=True) if v is not None]
-        if not frames:
-            df = self._empty()
-        else:
-            df = frames[0]
-            for more in frames[1:]:
-                df = df.unionByName(more)
+            if last is None:
+                return self._empty()
+            window = None
+            if self.edge.window is not None:  # the window of every epoch of the pass
+                window = (epochs[0] - self.edge.delay - self.edge.window + 1,
+                          epochs[-1] - self.edge.delay)
+            return read_version(self.w.spark, uri, last, opts, epochs=window)
+        # a side input held back may name one version for several epochs: read once
+        commits = sorted({(v, e - self.edge.delay) for e, v in zip(epochs, places,
+                                                                   strict=True)
+                          if v is not None})
+        df = (read_appends_of(self.w.spark, uri, commits, opts) if commits
+              else self._empty())
         if len(epochs) == 1:
             return df
         return df.withColumn(PASS_COLUMN, (F.col("epoch") + self.edge.delay).cast("long"))

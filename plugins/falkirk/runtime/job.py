@@ -201,8 +201,47 @@ class CompositeJob(JobLogic):
     def state_from_frame(self, region: str, frame: Any, spark: Any) -> Any:
         return self._owner(region).state_from_frame(region, frame, spark)
 
+    @property
+    def passes(self) -> bool:
+        return all(part.passes for part in self.parts)
+
     def process(self, ctx: EpochContext) -> EpochResult:
+        return self._run(ctx, many=False)
+
+    def process_pass(self, ctx: EpochContext) -> EpochResult | None:
+        return self._run(ctx, many=True) if self.passes else None
+
+    def _held(self, ctx: EpochContext, edge: EdgeSpec, many: bool) -> Any:
+        """What a part reads of a table an earlier part wrote, from memory, as the loop
+        would read it from the table: its appends of the epochs' ``e - delay``, its window,
+        or everything through the last epoch's ``e - delay``."""
         from pyspark.sql import functions as F
+
+        held = self.memory.get(edge.table)
+        if held is None:
+            held = ctx.spark.createDataFrame([], spark_schema(self.pipeline, edge))
+        lo, hi = ctx.epoch - edge.delay, ctx.last - edge.delay
+        if edge.read == "appends":
+            held = held.filter(F.col("epoch").between(lo, hi))
+            return held.withColumn(PASS_COLUMN, (F.col("epoch") + edge.delay).cast(
+                "long")) if many else held
+        if edge.window is not None:
+            return held.filter(F.col("epoch").between(lo - edge.window + 1, hi))
+        return held.filter(F.col("epoch") <= hi)
+
+    def _history(self, ctx: EpochContext, name: str) -> Any:
+        from pyspark.sql import functions as F
+
+        edge = self.pipeline.edges[name]
+        if edge.src not in self.regions:
+            return ctx.history(name)
+        held = self.memory.get(edge.table)
+        if held is None:
+            return ctx.spark.createDataFrame([], spark_schema(self.pipeline, edge))
+        return held.filter(F.col("epoch") < ctx.epoch - edge.delay)
+
+    def _run(self, ctx: EpochContext, many: bool) -> EpochResult:
+        from functools import partial
 
         from falkirk.io.spark import current_group, cut_lineage, jobs_in_group
 
@@ -213,26 +252,26 @@ class CompositeJob(JobLogic):
             for r in part.regions:
                 for edge in self.pipeline.in_edges(r):
                     if edge.kind == "delta" and edge.src in self.regions:
-                        held = self.memory.get(edge.table)
-                        if held is None:
-                            held = ctx.spark.createDataFrame(
-                                [], spark_schema(self.pipeline, edge))
-                        inputs[edge.name] = held.filter(F.col("epoch") <= ctx.epoch - edge.delay)
+                        inputs[edge.name] = self._held(ctx, edge, many)
             sub = EpochContext(ctx.epoch, ctx.generation, ctx.spark, ctx.pipeline, inputs,
-                               state, ctx.active)
+                               state, ctx.active, epochs=ctx.epochs,
+                               checkpoints=ctx.checkpoints,
+                               history=partial(self._history, ctx))
             t0 = time.monotonic()
             group = current_group(ctx.spark)
             jobs0 = jobs_in_group(ctx.spark, group)
-            out = part.process(sub)
+            out = part.process_pass(sub) if many else part.process(sub)
             for name, df in out.outputs.items():
                 edge = self.pipeline.edges.get(name)
                 if edge is not None and edge.kind == "delta":
                     df = cut_lineage(df)
+                    kept = df.drop(PASS_COLUMN) if PASS_COLUMN in df.columns else df
                     held = self.memory.get(edge.table)
-                    self.memory[edge.table] = df if held is None else held.unionByName(df)
+                    self.memory[edge.table] = kept if held is None else held.unionByName(kept)
                 result.outputs[name] = df
             state.update(out.state)
             result.state.update(out.state)
+            result.states.update(out.states)
             key = f"transform:{'+'.join(part.regions)}"
             self.seconds[key] = self.seconds.get(key, 0.0) + time.monotonic() - t0
             self.spark_jobs[key] = (self.spark_jobs.get(key, 0)

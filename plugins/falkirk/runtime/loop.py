@@ -7,7 +7,7 @@ For each epoch e (or the ready epochs e..e+k, a *pass*):
    (or reached its declared bound); a Delta input when the sender's epoch ``e - delay``
    is committed in the epoch log. When several epochs are ready at once and the job can
    process a pass (:meth:`JobLogic.process_pass`), they go together, up to
-   :data:`MAX_PASS`;
+   ``Config.max_pass`` (30; ``FALKIRK_MAX_PASS``);
 2. log ``running``; read the inputs (one read per edge for the whole pass);
 3. run the job's pure transforms;
 4. commit outputs through the output connectors, each epoch apart (a table gets a
@@ -52,11 +52,6 @@ from falkirk.runtime.job import EpochContext, EpochResult, JobLogic, RuntimeFail
 
 log = logging.getLogger("falkirk.runtime")
 
-#: The most epochs one pass takes: enough to pay a behind region's fixed costs once for
-#: a few minutes of input, few enough that a pass's plans and state stay small.
-MAX_PASS = 30
-
-
 class Fenced(RuntimeFailure):
     """A rollback to ``generation`` fenced the job's regions: it records no more epochs."""
 
@@ -71,13 +66,16 @@ class JobRunner:
     def __init__(self, pipeline: Pipeline, logic: JobLogic, spark: Any,
                  cfg: Config | None = None, epoch_log: EpochLog | None = None,
                  start: dict[str, int] | None = None, persist: bool = True,
-                 generation: int | None = None, max_pass: int = MAX_PASS):
+                 generation: int | None = None, max_pass: int | None = None):
         self.pipeline = pipeline
         use_pipeline(pipeline.schema_roots)  # the job's transforms name its tables bare
         # persist=False runs the same transforms with nothing made durable (no epoch log,
         # no Delta commits, no checkpoints): the all-ephemeral baseline of the benchmarks.
         self.persist = persist
-        self.max_pass = max(1, max_pass) if logic.passes else 1
+        self.cfg = cfg or load()
+        # the profile's (FALKIRK_MAX_PASS), unless the caller says
+        self.max_pass = max(1, self.cfg.max_pass if max_pass is None else max_pass) \
+            if logic.passes else 1
         # Per epoch: (epoch, seconds, finished at (wall clock), records read per Kafka edge);
         # an epoch of a pass gets the pass's seconds shared out.
         self.timings: list[tuple[int, float, float, dict[str, int]]] = []
@@ -394,18 +392,20 @@ class JobRunner:
             if not spec.keeps_state:
                 continue
             self.state[r] = result.state.get(r, self.state.get(r))
+            states = []
             for x in due.get(r, []):
-                checked = (r, x) in redo and redo[(r, x)].status == "checkpointed"
-                if not checked:
-                    state = (result.states.get(r, {}).get(x) if many
-                             else self.state[r])
-                    if state is None:
-                        raise RuntimeFailure(
-                            f"job {type(self.logic).__name__} processed epochs {epochs} in "
-                            f"one pass but returned no state of {r!r} for epoch {x}, whose "
-                            "checkpoint is due (EpochResult.states)")
-                    first.append((f"checkpoint {r}", partial(self._checkpoint, r, x, state,
-                                                             state_refs)))
+                if (r, x) in redo and redo[(r, x)].status == "checkpointed":
+                    continue  # a redone epoch whose checkpoint is there already
+                state = result.states.get(r, {}).get(x) if many else self.state[r]
+                if state is None:
+                    raise RuntimeFailure(
+                        f"job {type(self.logic).__name__} processed epochs {epochs} in "
+                        f"one pass but returned no state of {r!r} for epoch {x}, whose "
+                        "checkpoint is due (EpochResult.states)")
+                states.append((x, state))
+            if states:
+                first.append((f"checkpoint {r}", partial(self._checkpoint, r, states,
+                                                         state_refs)))
         t = self._side_by_side(first, since)
         self._side_by_side(last, t)
         return outputs, state_refs
@@ -436,9 +436,14 @@ class JobRunner:
                                  f"edge {edge.name!r} of region {region!r} in epoch(s) "
                                  f"{epochs}")
         if len(epochs) > 1 and PASS_COLUMN not in df.columns:
-            raise RuntimeFailure(f"job {type(self.logic).__name__}'s output for edge "
-                                 f"{edge.name!r} of a pass of epochs {epochs} has no "
-                                 f"{PASS_COLUMN} column (each row's epoch)")
+            from pyspark.sql import functions as F
+
+            if "epoch" not in df.columns:
+                raise RuntimeFailure(f"job {type(self.logic).__name__}'s output for edge "
+                                     f"{edge.name!r} of a pass of epochs {epochs} has "
+                                     f"neither a {PASS_COLUMN} nor an epoch column (each "
+                                     "row's epoch)")
+            df = df.withColumn(PASS_COLUMN, F.col("epoch"))  # its rows' epoch column
         return df
 
     def _write(self, c: OutputConnector, df: Any, epochs: list[int],
@@ -466,19 +471,19 @@ class JobRunner:
             for edge in c.edges:
                 outputs.setdefault((c.region, x), {})[edge.name] = record
 
-    def _checkpoint(self, region: str, e: int, state: Any, refs: dict) -> None:
-        """Save the region's state as of epoch ``e``; ``refs`` names the checkpoint."""
-        frame = self.logic.state_to_frame(region, state)
-        self.checkpoint_store(region).save_frame(e, frame, self.state_frames.get(region))
-        self.state_frames[region] = frame
+    def _checkpoint(self, region: str, states: list[tuple[int, Any]], refs: dict) -> None:
+        """Save the region's state as of each of these epochs (one commit); ``refs`` names
+        each checkpoint."""
+        frames = [(x, self.logic.state_to_frame(region, state)) for x, state in states]
+        self.checkpoint_store(region).save_frames(frames, self.state_frames.get(region))
+        self.state_frames[region] = frames[-1][1]
         self.checkpointed_at[region] = time.monotonic()
-        refs[(region, e)] = f"checkpoint:{e}"
+        for x, _ in states:
+            refs[(region, x)] = f"checkpoint:{x}"
 
     def _side_by_side(self, tasks: list[tuple[str, Callable[[], Any]]], since: float
                       ) -> float:
-        """Run ``(phase, task)`` pairs at once, each in a thread of its own; now. A
-        region's checkpoints of a pass run one after another (each diffs against the one
-        before): they share one task.
+        """Run ``(phase, task)`` pairs at once, each in a thread of its own; now.
 
         Each task's Spark jobs run in a job group of their own (``<epoch group>|<i>:<phase>``,
         local properties are per thread), so its seconds and Spark jobs still go to its
@@ -487,18 +492,9 @@ class JobRunner:
         raised: no commit is left running behind the job's exit."""
         if not tasks:
             return since
-        grouped: dict[str, list[Callable[[], Any]]] = {}
-        order: list[str] = []
-        for phase, task in tasks:
-            key = phase if phase.startswith("checkpoint ") else f"{phase}#{len(order)}"
-            if key not in grouped:
-                order.append(key)
-            grouped.setdefault(key, []).append(task)
-        runs = [(key.split("#")[0], grouped[key]) for key in order]
-        if len(runs) == 1:  # nothing to overlap: in this thread
-            phase, seq = runs[0]
-            for task in seq:
-                task()
+        if len(tasks) == 1:  # nothing to overlap: in this thread
+            phase, task = tasks[0]
+            task()
             return self._spent(phase, since)
         from concurrent.futures import ThreadPoolExecutor
 
@@ -506,16 +502,16 @@ class JobRunner:
 
         group = self._group
 
-        def run(i: int, seq: list[Callable[[], Any]]) -> tuple[float, int]:
-            sub = label_jobs(self.spark, f"{group}|{i}")
+        def run(i: int, phase: str, task: Callable[[], Any]) -> tuple[float, int]:
+            sub = label_jobs(self.spark, f"{group}|{i}:{phase}")
             t0 = time.monotonic()
-            for task in seq:
-                task()
+            task()
             return time.monotonic() - t0, jobs_in_group(self.spark, sub)
 
-        with ThreadPoolExecutor(len(runs), thread_name_prefix="falkirk-commit") as pool:
-            futures = [(phase, pool.submit(inheritable_thread_target(self.spark)(run), i, seq))
-                       for i, (phase, seq) in enumerate(runs)]
+        with ThreadPoolExecutor(len(tasks), thread_name_prefix="falkirk-commit") as pool:
+            futures = [(phase, pool.submit(inheritable_thread_target(self.spark)(run), i,
+                                           phase, task))
+                       for i, (phase, task) in enumerate(tasks)]
             errors = [f.exception() for _, f in futures if f.exception() is not None]
         if errors:
             raise errors[0]

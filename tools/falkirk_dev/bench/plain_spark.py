@@ -168,7 +168,7 @@ def compute(spark: SparkSession, bootstrap: str, pipeline, jobs: dict[str, Modul
     events = events.persist()
     purchases = ingest.purchases(events).persist()
     interactions = ingest.interactions(events).persist()
-    popularity = popularity_all(purchases, int(pipeline.app["popularity_window"]),
+    popularity = popularity_all(purchases, int(pipeline.edges["purchases"].window),
                                 int(pipeline.app["top_n"]), last_epoch, conform).persist()
     labels, rounds = temporal_components(interactions, last_epoch)
     user_community = conform(labels.filter(F.col("node_id") % 2 == 0)
