@@ -347,8 +347,13 @@ def test_object_store_is_the_local_clusters_s3proxy(services, tmp_path):
     cluster.objectstore_component(tmp_path)
     conf = dict(line.split("=", 1) for line in
                 (tmp_path / "objectstore" / "s3proxy.conf").read_text().splitlines() if line)
-    for key in ("s3proxy.authorization", "jclouds.provider"):
-        assert env[key.upper().replace(".", "_")] == conf[key], key
+    # The variables the image's start script (run-docker-container.sh) reads for them.
+    variables = {"s3proxy.authorization": "S3PROXY_AUTHORIZATION",
+                 "jclouds.provider": "JCLOUDS_PROVIDER",
+                 "s3proxy.ignore-unknown-headers": "S3PROXY_IGNORE_UNKNOWN_HEADERS"}
+    assert set(cluster.OBJECTSTORE_SETTINGS) == set(variables)
+    for key, variable in variables.items():
+        assert env[variable] == conf[key], key
     assert f"objectstore-data:{env['JCLOUDS_FILESYSTEM_BASEDIR']}" in store["volumes"]
 
 

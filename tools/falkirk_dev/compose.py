@@ -178,8 +178,10 @@ def objectstore() -> dict[str, dict]:
     env = {"S3PROXY_ENDPOINT": f"http://0.0.0.0:{endpoint.port}",
            "S3PROXY_IDENTITY": secret("FALKIRK_S3_ACCESS_KEY"),
            "S3PROXY_CREDENTIAL": secret("FALKIRK_S3_SECRET_KEY"),
-           # The image turns S3PROXY_A / JCLOUDS_A into s3proxy.a / jclouds.a.
-           **{k.upper().replace(".", "_"): v for k, v in cluster.OBJECTSTORE_SETTINGS.items()},
+           # The image's start script passes each variable it names as its setting:
+           # S3PROXY_IGNORE_UNKNOWN_HEADERS as s3proxy.ignore-unknown-headers, ...
+           **{k.upper().replace(".", "_").replace("-", "_"): v
+              for k, v in cluster.OBJECTSTORE_SETTINGS.items()},
            "JCLOUDS_FILESYSTEM_BASEDIR": OBJECTSTORE_DATA}
     return {
         endpoint.hostname: {
