@@ -183,3 +183,72 @@ def test_problem_file_round_trips(data):
     again = Problem.from_json(problem.to_json())
     assert again.to_json() == problem.to_json()
     assert solve(again).to_json() == solve(problem).to_json()
+
+
+@st.composite
+def pass_histories(draw) -> dict:
+    """The small pipeline's epochs, each region's cut into passes at random: ingest and the
+    agg+report job through the same epochs, agg checkpointing every 2 and report every
+    epoch, as the loop logs them."""
+    epochs = draw(st.integers(min_value=1, max_value=9))
+    cuts = {job: sorted(draw(st.sets(st.integers(1, epochs - 1), max_size=epochs)))
+            if epochs > 1 else [] for job in ("a", "b")}
+    failed = draw(st.sets(st.sampled_from(["ingest", "agg", "report"]), min_size=1))
+    return {"epochs": epochs, "cuts": cuts, "failed": sorted(failed)}
+
+
+def _passes(epochs: int, cuts: list[int]) -> list[list[int]]:
+    bounds = [0, *cuts, epochs]
+    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def _write(log, epochs: int, passes: dict[str, list[list[int]]]) -> None:
+    """What the loop records: per pass, a ``running`` row of each epoch, then each
+    epoch's own committed (or checkpointed) row with its input range and output version."""
+    from tiny_pipeline import PIPE
+
+    from falkirk.log.epochlog import EpochRecord
+
+    jobs = {"a": ["ingest"], "b": ["agg", "report"]}
+    for job, regions in jobs.items():
+        for group in passes[job]:
+            log.record(*(EpochRecord("tiny", r, e, 0, "running") for r in regions for e in group))
+            rows = []
+            for r in regions:
+                for e in group:
+                    due = PIPE.regions[r].regime_rules.checkpoint_due(PIPE.regions[r], e)
+                    outs = {edge.name: {"table": edge.table, "version": e + 1}
+                            for edge in PIPE.out_edges(r) if edge.kind == "delta"}
+                    rows.append(EpochRecord(
+                        "tiny", r, e, 0, "checkpointed" if due else "committed",
+                        inputs={"src": {"from": {"0": e}, "to": {"0": e + 1}}}
+                        if r == "ingest" else None, outputs=outs or None,
+                        state_ref=f"checkpoint:{e}" if due else None))
+            log.record(*rows)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pass_histories())
+def test_a_log_written_in_passes_gives_the_plans_of_one_written_epoch_by_epoch(
+        tmp_path_factory, data):
+    """Passes are invisible to the solver and the rollback executor: each epoch of a pass
+    has its own row, so a rollback may land on any of them (docs/model.md, "Passes")."""
+    from dataclasses import replace
+
+    from tiny_pipeline import PIPE
+
+    from falkirk.config import load
+    from falkirk.log.epochlog import EpochLog
+
+    root = tmp_path_factory.mktemp("passes")
+    epochs = data["epochs"]
+    plans = []
+    for passes in ({job: _passes(epochs, cuts) for job, cuts in data["cuts"].items()},
+                   {job: [[e] for e in range(epochs)] for job in ("a", "b")}):
+        log = EpochLog.from_config(replace(load(), lake=str(root / f"lake{len(plans)}")))
+        _write(log, epochs, passes)
+        plan = solve(log.problem(PIPE, failed=data["failed"]))
+        plans.append((keys(plan.frontiers), plan.to_json()["replay"],
+                      plan.to_json()["rerun"]))
+    assert plans[0] == plans[1]

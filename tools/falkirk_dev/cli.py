@@ -74,6 +74,8 @@ BENCHES = {
     "scale": ("scale_bench", True),
     "long": ("long_run", True),
     "latency": ("latency", True),
+    "catchup": ("catchup_bench", True),
+    "epoch": ("epoch_bench", True),
     "hosting": ("hosting", True),
     "driver": ("driver_start", True),
     "log": ("log_bench", True),
@@ -169,7 +171,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frontiers", type=int, default=50, help="solver: frontiers per region")
     p.add_argument("--seed", type=int, default=7, help="solver: random graph seed")
     p.add_argument("--epochs", type=int, help="rework, regimes (default 9), scale (default "
-                   "20), long (default 50), hosting (default 8): epochs of input")
+                   "20), long (default 50), hosting (default 8), epoch (default 120): "
+                   "epochs of input")
     p.add_argument("--kill-epoch", type=int, default=7, help="rework: kill communities in it")
     p.add_argument("--events", help="rework, regimes, long, hosting: events of input "
                    "(defaults 3,000, 20,000, 25,000, 20,000); scale: sizes, comma-separated "
@@ -178,7 +181,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "rounds of each variant")
     p.add_argument("--rate", type=float, help="latency: events/s produced in real time "
                    "(default 5,000)")
-    p.add_argument("--minutes", type=float, help="latency: minutes of input (default 5)")
+    p.add_argument("--minutes", type=float, help="latency: minutes of input (default 5); "
+                   "catchup: minutes before the outage (default 2)")
+    p.add_argument("--outage-minutes", type=float, help="catchup: minutes every job is "
+                   "down while input keeps coming (default 5)")
+    p.add_argument("--after-minutes", type=float, help="catchup: minutes of input after the "
+                   "outage (default 4)")
     p.add_argument("--drain-minutes", type=float, help="latency: how long to wait for the "
                    "last answers after the input ended (default 15)")
     p.add_argument("--json", help="scale, long, latency, hosting, driver, log: write the figures "

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 
 def write_figures(where: str, figures: dict[str, Any]) -> Path:
-    """Write a benchmark's figures as JSON to ``where`` (folders made); its path, beside
-    which the benchmark may put its plot (``.svg``)."""
-    path = Path(where)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(figures, indent=1, default=str))
-    return path
+    """Write a benchmark's figures as JSON to ``where`` (folders made), with their
+    provenance (:func:`falkirk_dev.bench.figures.write_figure`: command, commit, date,
+    machine); its path, beside which the benchmark may put its plot (``.svg``)."""
+    from falkirk_dev.bench.figures import write_figure
+
+    return write_figure(where, figures)
