@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from falkirk.config import REPO_ROOT
-from falkirk.local.airflow import DAGS_FOLDER
+from falkirk.local.airflow import DAGS_FOLDER, plugins_folder
 
 # py4j says "Closing down clientserver connection" from __del__ at exit, through a handler
 # a test's in-process CLI set up on a captured stream pytest has closed by then: a
@@ -181,11 +181,16 @@ def airflow_env(tmp_path_factory):
     env = {
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
     }
-    saved = {k: os.environ.get(k) for k in env}
+    # As `falkirk airflow start` sets it: no folder when the installation's entry point
+    # registers falkirk's plugin (a folder holding it too would register it twice).
+    plugins = plugins_folder()
+    saved = {k: os.environ.get(k) for k in [*env, "AIRFLOW__CORE__PLUGINS_FOLDER"]}
+    os.environ.pop("AIRFLOW__CORE__PLUGINS_FOLDER", None)
+    if plugins is not None:
+        env["AIRFLOW__CORE__PLUGINS_FOLDER"] = plugins
     os.environ.update(env)
     subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True,
                    capture_output=True, timeout=300)

@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import tomllib
+from pathlib import PurePosixPath
 from urllib.parse import urlparse
 
 import pytest
@@ -441,15 +442,23 @@ def test_database_and_broker_are_the_debian_servers_of_the_local_cluster(service
         assert f"--{key} {value}" in redis_cmd
 
 
-def test_airflow_dags_and_plugins_folders_are_the_repos_dags_and_plugins(services):
+def test_airflow_dag_folder_is_the_packages_and_its_plugin_comes_from_the_entry_point(
+        services):
+    """Airflow's DAG folder is the package's (where `falkirk airflow start` points it), in
+    the checkout's plugins/ that compose mounts; the image installs falkirk with its
+    airflow.plugins entry point, so no plugin folder registers the plugin a second time."""
+    from falkirk.local.airflow import DAGS_FOLDER
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["airflow.plugins"]["falkirk"].startswith("falkirk.")
     for name, service in _airflow_services(services).items():
         env = _env(service)
-        mounts = {}
-        for entry in service["volumes"]:
-            source, target = str(entry).split(":")[:2]
-            mounts[target] = source
-        assert mounts[env["AIRFLOW__CORE__DAGS_FOLDER"]] == "./dags", name
-        assert mounts[env["AIRFLOW__CORE__PLUGINS_FOLDER"]] == "./plugins", name
+        assert "AIRFLOW__CORE__PLUGINS_FOLDER" not in env, name
+        dags = PurePosixPath(env["AIRFLOW__CORE__DAGS_FOLDER"])
+        binds = [str(e).split(":")[:2] for e in service["volumes"] if _named_volume(e) is None]
+        [(source, target)] = [(s, t) for s, t in binds if dags.is_relative_to(t)]
+        assert REPO_ROOT / source / dags.relative_to(target) == DAGS_FOLDER, name
+        assert (DAGS_FOLDER / "falkirk_pipelines.py").is_file()
 
 
 def test_airflow_settings_mirror_bin_airflow(services):

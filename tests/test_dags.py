@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from falkirk.config import REPO_ROOT
+from falkirk.local.airflow import DAGS_FOLDER
 
 ROLLBACK = "falkirk_reference_rollback"
 STREAMS = "falkirk_reference_streams"
@@ -22,7 +22,7 @@ DAG_IDS = {ROLLBACK, BATCH, STREAMS, STREAM_CHECKS, "falkirk_reference_gc"}
 def dagbag(airflow_env):
     from airflow.dag_processing.dagbag import DagBag
 
-    return DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    return DagBag(dag_folder=str(DAGS_FOLDER))
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def test_every_declared_pipeline_outside_the_checkout_gets_its_dags(airflow_env,
         "jobs/", "missing/"))
     monkeypatch.setenv("FALKIRK_PIPELINES", str(folder))
 
-    bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    bag = DagBag(dag_folder=str(DAGS_FOLDER))
     assert bag.import_errors == {}
     assert set(bag.dags) == DAG_IDS | {"falkirk_clicks_streams", "falkirk_clicks_batch_counts",
                                        "falkirk_clicks_rollback", "falkirk_clicks_gc",
@@ -377,7 +377,7 @@ def _batch_dag():
     from airflow.dag_processing.dagbag import DagBag
     from airflow.serialization.serialized_objects import DagSerialization
 
-    bag = DagBag(dag_folder=str(REPO_ROOT / "dags" / "falkirk_pipelines.py"))
+    bag = DagBag(dag_folder=str(DAGS_FOLDER / "falkirk_pipelines.py"))
     assert bag.import_errors == {}
     return DagSerialization.from_dict(DagSerialization.to_dict(bag.dags[BATCH]))
 
@@ -599,7 +599,7 @@ def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(
     cmd = job_command("jobs/ingest.py", ["--pipeline", "reference"], cfg)
     given = dict(cmd[i + 1].split("=", 1) for i, arg in enumerate(cmd) if arg == "--conf")
     assert given == cfg.spark_launch_conf
-    classic = DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    classic = DagBag(dag_folder=str(DAGS_FOLDER))
     assert classic.dags[BATCH].get_task("popularity").conf == given
     # local drivers: C1 only, serial GC (2 cores shared by four JVMs), and the code cache
     # of tiered compilation (C1 alone gets 48 MB, which long streaming queries fill)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from falkirk.config import REPO_ROOT
+from falkirk.local.airflow import DAGS_FOLDER
 
 pytestmark = pytest.mark.slow  # Spark jobs and the broker
 
@@ -204,7 +205,7 @@ def test_airflow_gets_the_new_pipelines_dags_with_nothing_copied(clicks, airflow
 
     folder, _ = clicks
     monkeypatch.setenv("FALKIRK_PIPELINES", str(folder.parent))
-    bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    bag = DagBag(dag_folder=str(DAGS_FOLDER))
     assert bag.import_errors == {}
     assert {"falkirk_clicks_streams", "falkirk_clicks_stream_checks",
             "falkirk_clicks_batch_page_counts", "falkirk_clicks_rollback",
