@@ -166,6 +166,12 @@ class Config:
         only with ``secrets``: launch settings show on command lines and in Airflow's
         task fields, so ``falkirk.io.spark.session`` sets them in the running driver."""
         opts = dict(self.storage_options)
+        # No committer settings: Spark's Parquet writes (falkirk.io.delta.spark_files)
+        # commit with Hadoop's FileOutputCommitter, renames and then a delete of
+        # _temporary, so a failed task attempt's files never reach the folder the commit
+        # lists. The S3A magic committer would skip the renames, but Spark binds it only
+        # through spark-hadoop-cloud, which pip's pyspark does not ship. The local
+        # cluster's store needed a setting for that delete (falkirk_dev.cluster).
         out = {"fs.s3a.endpoint.region": opts.get("AWS_REGION", "us-east-1"),
                # Hadoop retries a failed call 7 times 0.5 s apart: a store away for
                # longer (a restart, a network blip) failed the job. 2 minutes, as delta-rs
