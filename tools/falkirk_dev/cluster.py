@@ -84,6 +84,9 @@ KAFKA_SETTINGS = {
 #: delta-rs x-amz-checksum-sha256. Spark's Parquet commit deletes its _temporary folder so
 #: (s3a: AWSUnsupportedFeatureException "Remove S3 Dir Markers"), and delta-rs's deletes
 #: failed after their retries. Real S3 accepts both headers; the store just ignores them.
+#: That delete still costs ~10 s a write here (20 s with a folder per epoch): s3a deletes
+#: _temporary/0/ before what is in it, and the filesystem backend retries deleting a
+#: folder that is not empty for 10 s (jclouds' Utils.delete).
 OBJECTSTORE_SETTINGS = {"s3proxy.authorization": "aws-v2-or-v4", "jclouds.provider": "filesystem",
                         "s3proxy.ignore-unknown-headers": "true"}
 #: Airflow's scheduler, API server, dag processor and Celery workers each pool
