@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TOP_FOLDERS = ("plugins", "tools", "tests", "docs", "examples", "bin", "dags", "docker", ".ci")
+TOP_FOLDERS = ("plugins", "tools", "tests", "docs", "examples", "bin", "docker", ".ci")
 TOP_FILES = ("README.md", "CHANGELOG.md", "pyproject.toml", "docker-compose.yml", "uv.lock")
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 

@@ -1,1 +1,0 @@
-../plugins/falkirk/airflow/dags/falkirk_pipelines.py
