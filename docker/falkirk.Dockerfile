@@ -39,7 +39,7 @@ WORKDIR /opt/falkirk
 COPY pyproject.toml uv.lock ./
 RUN uv sync --locked --no-dev --extra cluster --no-install-project
 
-# The repository, then falkirk itself (editable: compose mounts dags/, examples/ and
+# The repository, then falkirk itself (editable: compose mounts examples/ and
 # plugins/ over these copies, so an edit on the host is what every service runs).
 COPY . .
 RUN uv sync --locked --no-dev --extra cluster

@@ -18,10 +18,10 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-import falkirk.regimes.checkpoints as checkpoints_module
+import falkirk.state.checkpoints as checkpoints_module
 from falkirk.errors import FalkirkError
 from falkirk.io.lake import read_table
-from falkirk.regimes.checkpoints import (
+from falkirk.state.checkpoints import (
     CheckpointConflictError,
     CheckpointDroppedError,
     CheckpointError,
@@ -341,7 +341,7 @@ def test_sigkill_between_data_write_and_commit(tmp_path: Path) -> None:
         f"""
         import os, signal, sys
         sys.path.insert(0, {str(TESTS)!r})
-        import falkirk.regimes.checkpoints as m
+        import falkirk.state.checkpoints as m
         from test_checkpoints import VALUES, big_state, crashing_writer
         store = m.CheckpointStore({str(uri)!r}, VALUES)
         kill = lambda: os.kill(os.getpid(), signal.SIGKILL)

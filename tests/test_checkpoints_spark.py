@@ -9,7 +9,7 @@ from deltalake import DeltaTable
 from test_checkpoints import STATE, VALUES, diff, states
 
 from falkirk.io.lake import read_table
-from falkirk.regimes.checkpoints import CheckpointError, CheckpointStore
+from falkirk.state.checkpoints import CheckpointError, CheckpointStore
 
 
 def frame(spark, table: pa.Table):

@@ -308,7 +308,7 @@ def test_a_batch_epoch_whose_engine_dies_under_it_runs_again_in_the_same_try(
     from falkirk.airflow import batch
     from falkirk.local.broker import free_port
     from falkirk.model.topology import load_pipeline
-    from falkirk.runtime import procs, runner
+    from falkirk.runtime import driver, procs
 
     monkeypatch.setenv("FALKIRK_LOCAL_ENGINE_DIR", str(tmp_path / "engine"))
     monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")
@@ -333,7 +333,7 @@ def test_a_batch_epoch_whose_engine_dies_under_it_runs_again_in_the_same_try(
             return 1
         return 0
 
-    monkeypatch.setattr(runner, "run_job", job)
+    monkeypatch.setattr(driver, "run_job", job)
     monkeypatch.setattr("falkirk.local.engine.ensure", lambda cfg=None: None)
     start = batch.origin(load_pipeline("reference")) + timedelta(seconds=20)
     new_engine()
@@ -341,7 +341,7 @@ def test_a_batch_epoch_whose_engine_dies_under_it_runs_again_in_the_same_try(
         assert batch.run_epoch("reference", "popularity", start) == 2
         assert len(runs) == 2 and runs[0] == runs[1] and "2" in runs[0]
         runs.clear()
-        monkeypatch.setattr(runner, "run_job", lambda logic, argv: runs.append(argv) or 1)
+        monkeypatch.setattr(driver, "run_job", lambda logic, argv: runs.append(argv) or 1)
         with pytest.raises(RuntimeError, match="popularity epoch 2: the job failed with "
                                                "exit code 1"):
             batch.run_epoch("reference", "popularity", start)

@@ -62,7 +62,7 @@ def test_the_wheel_is_the_framework_without_demo_trials_benchmarks_or_generator(
     shipped = {Path(f).stem for f in modules}
     assert not shipped & {"demo", "trials", "chaos", "harness", "generate", "all_bench"}
     assert {"falkirk/job.py", "falkirk/solver/frontier.py", "falkirk/log/epochlog.py",
-            "falkirk/recovery/rollback.py", "falkirk/regimes/checkpoints.py",
+            "falkirk/recovery/rollback.py", "falkirk/state/checkpoints.py",
             "falkirk/airflow/factory.py"} <= set(files)
     # what a pipeline needs at run time beside the code: the epoch log's table schemas,
     # the dead letters' and what `falkirk init` writes

@@ -187,11 +187,16 @@ def input_of(events: int, epochs: int) -> dict[str, int]:
             "seed": INPUT_SEED}
 
 
+def running_epochs(run, region: str) -> list[int]:
+    """The epochs ``region`` is in the middle of (their log rows say running): one, or the
+    epochs of a pass."""
+    return sorted(r.epoch for r in run.log.regions(run.pipeline)[region].entries.values()
+                  if r.status == "running")
+
+
 def running_epoch(run, region: str) -> int | None:
-    """The epoch ``region`` is in the middle of (its log row says running), or None."""
-    rows = [r for r in run.log.regions(run.pipeline)[region].entries.values()
-            if r.status == "running"]
-    return max(r.epoch for r in rows) if rows else None
+    """The newest epoch ``region`` is in the middle of, or None."""
+    return max(running_epochs(run, region), default=None)
 
 
 def died_by(code: int | None) -> str:
@@ -258,9 +263,12 @@ def kill_and_recover(run, trial: Trial, data: dict[str, int],
         seen: list[int] = []
 
         def moment() -> bool:
-            e = running_epoch(run, trial.region)
-            if e is not None and e >= trial.epoch:
-                seen.append(e)
+            running = running_epochs(run, trial.region)
+            if trial.epoch in running:  # alone, or inside a pass of several epochs
+                seen.append(trial.epoch)
+                return True
+            if running and running[0] > trial.epoch:
+                seen.append(running[0])
                 return True
             if run.procs[trial.job].poll() == 0:
                 raise TrialError(f"{trial.job} finished before {trial.region} was seen in "

@@ -332,7 +332,7 @@ class EpochLog:
                        process: dict | None = None) -> None:
         """A job process started, finished or failed (written by the job itself), or was
         stopped (written by who stopped it: ``process`` names the job's process then)."""
-        from falkirk.runtime.procs import this_process
+        from falkirk.model.process import this_process
 
         me = this_process()
         if process is not None:

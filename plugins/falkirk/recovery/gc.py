@@ -148,7 +148,7 @@ def _checkpoints(pipeline: Pipeline, cfg: Config, logs: dict[str, RegionLog],
                  done_epoch: dict[str, int], report: GcReport, opts) -> None:
     """Keep the newest checkpoint at or below the watermark, ``retain_checkpoints`` older
     ones and every later one."""
-    from falkirk.regimes.checkpoints import CheckpointStore
+    from falkirk.state.checkpoints import CheckpointStore
 
     for name, spec in pipeline.regions.items():
         if not spec.keeps_state:
@@ -272,7 +272,7 @@ def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport,
 
     from falkirk.io.delta import vacuum_orphans
     from falkirk.io.kafka import commit_group_offsets
-    from falkirk.regimes.checkpoints import CheckpointStore
+    from falkirk.state.checkpoints import CheckpointStore
 
     for region, keep_from in report.checkpoints.items():
         store = CheckpointStore.open(cfg.table("_falkirk_state", pipeline.name, region), opts)

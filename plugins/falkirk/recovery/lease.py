@@ -97,7 +97,7 @@ class Lease:
         self.name = name
         self.ttl = timedelta(seconds=ttl_s)
         self.token = uuid.uuid4().hex
-        from falkirk.runtime.procs import this_process
+        from falkirk.model.process import this_process
 
         self.holder = this_process()
         self._stop = threading.Event()

@@ -349,7 +349,7 @@ class RollbackExecutor:
 
     def _truncate_checkpoints(self, region: str, through: int) -> None:
         """Drop the region's checkpoints after its frontier: it will take them again."""
-        from falkirk.regimes.checkpoints import CheckpointStore
+        from falkirk.state.checkpoints import CheckpointStore
 
         uri = self.cfg.table("_falkirk_state", self.pipeline.name, region)
         store = CheckpointStore.open(uri, self.cfg.delta_storage_options or None)

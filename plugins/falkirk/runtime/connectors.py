@@ -121,8 +121,9 @@ class Wiring:
         if now - self._sender_checked.get(edge.name, 0.0) < SENDER_CHECK_S:
             return
         self._sender_checked[edge.name] = now
+        from falkirk.model.process import this_process
         from falkirk.runtime.park import RUNNING_STATUSES
-        from falkirk.runtime.procs import is_process, this_process
+        from falkirk.runtime.procs import is_process
 
         job = self.pipeline.regions[edge.src].job
         run = self.log.job_runs(self.pipeline.name).get(job or "")

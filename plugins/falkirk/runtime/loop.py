@@ -138,7 +138,7 @@ class JobRunner:
         return edge.kind == "unlogged" or (edge.kind == "delta" and edge.src in self.regions)
 
     def checkpoint_store(self, region: str):
-        from falkirk.regimes.checkpoints import CheckpointStore
+        from falkirk.state.checkpoints import CheckpointStore
 
         if region not in self.checkpoints:
             self.checkpoints[region] = CheckpointStore(

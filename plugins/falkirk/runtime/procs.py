@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from falkirk.config import Config, load
+from falkirk.model.process import process_started
 from falkirk.model.topology import Pipeline
 
 if TYPE_CHECKING:
@@ -189,25 +190,6 @@ def running(pipeline: Pipeline, cfg: Config | None = None) -> list[dict]:
     """The job processes of a pipeline that are alive now."""
     return [info for info in recorded(pipeline, cfg)
             if is_process(info["pid"], info.get("process_started"))]
-
-
-def process_started(pid: int) -> float | None:
-    """When the OS started process ``pid`` (None if there is none): a pid and its start
-    time name one process, even after the OS reuses the pid."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return None
-
-
-def this_process() -> dict:
-    """This process as other processes can find it again: host, pid and start time."""
-    import socket
-
-    return {"host": socket.gethostname(), "pid": os.getpid(),
-            "started": process_started(os.getpid())}
 
 
 def is_process(pid: object, started: float | None) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from falkirk.regimes.checkpoints import CheckpointStore, diff, full_snapshot_bytes
+from falkirk.state.checkpoints import CheckpointStore, diff, full_snapshot_bytes
 
 GOAL = 20.0
 VALUE_SCHEMA = pa.schema([("label", pa.int64()), ("size", pa.int64()), ("updated", pa.float64())])

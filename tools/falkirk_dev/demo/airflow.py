@@ -295,7 +295,7 @@ class AirflowDemo:
     def unpause(self) -> None:
         api = self.api
         deadline = time.monotonic() + 300
-        with self.console.status("waiting for the dag-processor to parse dags/…"):
+        with self.console.status("waiting for the dag-processor to parse falkirk's DAG file…"):
             while True:
                 missing = [d for d in (SUPERVISOR, BATCH)
                            if api._request("GET", f"/api/v2/dags/{d}")[0] != 200]

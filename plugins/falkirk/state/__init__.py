@@ -1,0 +1,1 @@
+"""Where stateful regions keep their checkpoints: incremental, keyed, in Delta tables."""
