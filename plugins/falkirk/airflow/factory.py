@@ -9,8 +9,8 @@ For a pipeline ``p`` (found in ``$FALKIRK_PIPELINES`` or a checkout's ``examples
 - ``falkirk_p_rollback``: roll it back (its regions in the params; dry run by default);
 - ``falkirk_p_gc``: garbage collection by low watermark.
 
-``falkirk/airflow/dags/falkirk_pipelines.py`` only calls :func:`declared_dags`, so a new pipeline folder
-shows up in Airflow with no DAG file written or copied.
+``falkirk/airflow/dags/falkirk_pipelines.py`` only calls :func:`declared_dags`, so a new
+pipeline folder shows up in Airflow with no DAG file written or copied.
 """
 
 from __future__ import annotations
