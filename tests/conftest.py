@@ -51,13 +51,13 @@ def pytest_terminal_summary(terminalreporter, config):
 def engine_home(tmp_path_factory):
     """The Spark Connect engine of the suite: the local profile's (on a port of its own,
     so a demo's engine beside the suite is not shared), started by the first job or
-    session that needs it (falkirk.local.engine.ensure), with its log and process record
+    session that needs it (falkirk.runtime.engine.ensure), with its log and process record
     in a folder of the session's, and stopped when the session ends. Every Spark session
     of the suite, the tests' own and those of the jobs they start, is one of its clients.
     ``FALKIRK_SPARK_REMOTE=`` runs the suite with an application per job instead."""
     from falkirk.config import load
     from falkirk.local.broker import free_port
-    from falkirk.local.engine import stop_local
+    from falkirk.runtime.engine import stop_local
 
     folder = tmp_path_factory.mktemp("engine")
     settings = {"FALKIRK_LOCAL_ENGINE_DIR": str(folder),

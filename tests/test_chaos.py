@@ -85,7 +85,7 @@ def test_under_airflow_the_engine_killed_under_every_job_is_recovered(golden, tm
     from rich.console import Console
 
     from falkirk.config import load
-    from falkirk.local.engine import status
+    from falkirk.runtime.engine import status
 
     result = airflow_campaign(tmp_path, minutes=5, seed=1, data=INPUT, console=Console(),
                               golden=golden, targets=("engine",), strikes=1, rate=30.0)

@@ -11,6 +11,7 @@ import pytest
 
 from falkirk.config import load
 from falkirk.io import classdata
+from falkirk.io.launch import launch_conf
 
 pytestmark = pytest.mark.slow  # a Spark driver
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow  # a Spark driver
 def test_the_engine_maps_the_archive_falkirk_jars_trained(spark):
     """The suite's engine (started with the profile's launch settings, which every driver
     of its own gets too) has the archive's file mapped: its classes came from there."""
-    from falkirk.local.engine import status
+    from falkirk.runtime.engine import status
 
     path = classdata.archive(load())
     assert path is not None and path.is_file(), "bin/setup (falkirk jars) trains it"
@@ -36,13 +37,13 @@ def test_the_archive_is_keyed_by_what_it_was_made_for(tmp_path):
     other = replace(cfg, spark_driver_java_options="-XX:+UseSerialGC")
     assert classdata.archive(other) != trained
     assert classdata.java_options(other) == ""
-    assert "SharedArchiveFile" not in other.spark_launch_conf["spark.driver.extraJavaOptions"]
+    assert "SharedArchiveFile" not in launch_conf(other)["spark.driver.extraJavaOptions"]
     more_jars = replace(cfg, spark_conf=(("spark.jars", f"{trained}"),))  # one more file
     assert classdata.key(more_jars) != classdata.key(cfg)
     # what the key is computed from leaves the archive out (it cannot depend on itself)
-    assert "SharedArchiveFile" not in cfg.launch_conf(class_data=False).get(
+    assert "SharedArchiveFile" not in launch_conf(cfg, class_data=False).get(
         "spark.driver.extraJavaOptions", "")
-    assert cfg.spark_launch_conf["spark.driver.extraJavaOptions"].endswith(
+    assert launch_conf(cfg)["spark.driver.extraJavaOptions"].endswith(
         f"-XX:SharedArchiveFile={trained}")
 
 

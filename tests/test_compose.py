@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from falkirk.config import PROFILES, REPO_ROOT
+from falkirk.io.launch import launch_conf
 from falkirk_dev import cluster
 from falkirk_dev import compose as generator
 
@@ -290,15 +291,15 @@ def test_cluster_drivers_keep_the_jvms_default_compilers_and_collector(monkeypat
     on 2 cores; the compose profile's long-lived drivers keep the JVM defaults."""
     from falkirk.config import load
 
-    assert "spark.driver.extraJavaOptions" not in CFG.spark_launch_conf
+    assert "spark.driver.extraJavaOptions" not in launch_conf(CFG)
     monkeypatch.setenv("FALKIRK_SPARK_DRIVER_JAVA_OPTIONS", "")
-    assert "spark.driver.extraJavaOptions" not in load("local").spark_launch_conf
+    assert "spark.driver.extraJavaOptions" not in launch_conf(load("local"))
 
 
 def test_drivers_and_executors_get_the_object_store_jars_from_the_image_not_at_start():
     """hadoop-aws and the AWS SDK are on the class path (the image fetched them with
     `falkirk jars`, as bin/setup does): no spark.jars.packages, nothing resolved at start."""
-    conf = CFG.spark_launch_conf
+    conf = launch_conf(CFG)
     assert "spark.jars.packages" not in conf
     assert "hadoop-aws" in conf["spark.executor.extraClassPath"]
     assert conf["spark.driver.extraClassPath"] == conf["spark.executor.extraClassPath"]

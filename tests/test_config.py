@@ -10,6 +10,7 @@ import pytest
 
 from falkirk.config import ConfigError, load
 from falkirk.io import jars
+from falkirk.io.launch import launch_conf
 from falkirk.local.run import LocalRun
 
 KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -33,7 +34,7 @@ def _write_credentials(var, access="k-file", secret="s-file"):
 def test_spark_and_delta_rs_reach_the_same_store_and_no_secret_is_a_launch_setting(var):
     _write_credentials(var, secret="never-on-a-command-line")
     cfg = load("cluster")
-    opts, conf = cfg.delta_storage_options, cfg.spark_launch_conf
+    opts, conf = cfg.delta_storage_options, launch_conf(cfg)
     assert cfg.lake.startswith("s3://") and "AWS_S3_ALLOW_UNSAFE_RENAME" not in opts
     assert opts["AWS_CONDITIONAL_PUT"] == "etag"  # put-if-absent commits instead
     assert conf["spark.hadoop.fs.s3a.endpoint"] == opts["AWS_ENDPOINT_URL"]
@@ -60,9 +61,9 @@ def test_the_environment_names_a_remote_store_and_its_credentials(var, monkeypat
     opts = cfg.delta_storage_options
     assert (opts[KEYS[0]], opts[KEYS[1]]) == ("k-env", "s-env")  # the environment wins
     assert cfg.table("t") == "s3://team-lake/falkirk/t"
-    assert cfg.spark_launch_conf["spark.hadoop.fs.s3a.endpoint"] == (
+    assert launch_conf(cfg)["spark.hadoop.fs.s3a.endpoint"] == (
         "https://s3.example.internal")
-    assert cfg.spark_launch_conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true"
+    assert launch_conf(cfg)["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true"
 
 
 def test_missing_credentials_name_both_places_to_put_them(var):

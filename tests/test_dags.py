@@ -334,7 +334,7 @@ def test_a_batch_epoch_whose_engine_dies_under_it_runs_again_in_the_same_try(
         return 0
 
     monkeypatch.setattr(driver, "run_job", job)
-    monkeypatch.setattr("falkirk.local.engine.ensure", lambda cfg=None: None)
+    monkeypatch.setattr("falkirk.runtime.engine.ensure", lambda cfg=None: None)
     start = batch.origin(load_pipeline("reference")) + timedelta(seconds=20)
     new_engine()
     try:
@@ -583,7 +583,8 @@ def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(
 
     from falkirk.airflow.batch import run_epoch
     from falkirk.config import load
-    from falkirk.local.engine import engine_conf
+    from falkirk.io.launch import launch_conf
+    from falkirk.runtime.engine import engine_conf
     from falkirk.runtime.procs import job_command
 
     cfg = load()
@@ -592,13 +593,13 @@ def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(
         sys.executable, str(Path("jobs/ingest.py").resolve()), "--pipeline", "reference"]
     assert dagbag.dags[BATCH].get_task("popularity").python_callable is run_epoch
     served = engine_conf(cfg, "127.0.0.1", 15002, tmp_path)
-    assert {k: served[k] for k in cfg.spark_launch_conf} == cfg.spark_launch_conf
+    assert {k: served[k] for k in launch_conf(cfg)} == launch_conf(cfg)
 
     monkeypatch.setenv("FALKIRK_LOCAL_SPARK_REMOTE", "")  # every job an application
     cfg = load()
     cmd = job_command("jobs/ingest.py", ["--pipeline", "reference"], cfg)
     given = dict(cmd[i + 1].split("=", 1) for i, arg in enumerate(cmd) if arg == "--conf")
-    assert given == cfg.spark_launch_conf
+    assert given == launch_conf(cfg)
     classic = DagBag(dag_folder=str(DAGS_FOLDER))
     assert classic.dags[BATCH].get_task("popularity").conf == given
     # local drivers: C1 only, serial GC (2 cores shared by four JVMs), and the code cache
@@ -742,9 +743,9 @@ def test_when_the_engine_died_every_job_on_it_is_recovered_with_the_first_dead_o
     import subprocess
 
     from falkirk.airflow import supervisor
-    from falkirk.local.engine import died
     from falkirk.model.topology import load_pipeline
     from falkirk.runtime import procs
+    from falkirk.runtime.engine import died
     from falkirk.runtime.park import ENGINE_LOST_EXIT
     from falkirk.runtime.procs import write_whole
 
@@ -843,9 +844,8 @@ def test_after_the_engines_death_it_starts_again_beside_the_rollback(tmp_path, m
     import threading
 
     from falkirk.airflow import supervisor
-    from falkirk.local import engine
     from falkirk.model.topology import load_pipeline
-    from falkirk.runtime import procs
+    from falkirk.runtime import engine, procs
 
     _an_engine_of_its_own(tmp_path, monkeypatch)  # nothing answers at its address yet
     pipeline = load_pipeline("reference")
@@ -891,9 +891,9 @@ def test_when_a_standby_engine_took_over_the_jobs_started_before_are_recovered_t
     import time
 
     from falkirk.airflow import supervisor
-    from falkirk.local.engine import died, serving_since
     from falkirk.model.topology import load_pipeline
     from falkirk.runtime import procs
+    from falkirk.runtime.engine import died, serving_since
     from falkirk.runtime.procs import write_whole
 
     _an_engine_of_its_own(tmp_path, monkeypatch)  # nothing answers at its address yet

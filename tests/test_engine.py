@@ -1,4 +1,4 @@
-"""The Spark Connect engine every job is a client of (falkirk.local.engine): started once,
+"""The Spark Connect engine every job is a client of (falkirk.runtime.engine): started once,
 a killed job's calls on it interrupted when its session is released, and a write still in
 flight there refused by Delta once a newer generation fenced its writer.
 
@@ -76,7 +76,7 @@ def test_jobs_are_clients_of_one_engine(spark):
     """The suite's sessions are Connect sessions on the local profile's engine, which
     answers where the config says; the engine reports itself running."""
     from falkirk.io.spark import is_remote, work_unit
-    from falkirk.local.engine import status
+    from falkirk.runtime.engine import status
 
     cfg = load()
     assert cfg.spark_remote and is_remote(spark)
@@ -226,7 +226,7 @@ def test_a_standby_engine_takes_the_port_of_the_engine_that_died(tmp_path, monke
     the next ``ensure`` starts the next standby. Stopping the engine stops them all."""
     from falkirk.io.spark import remote_session
     from falkirk.local.broker import free_port
-    from falkirk.local.engine import (
+    from falkirk.runtime.engine import (
         STANDBY_RECORD,
         LocalEngine,
         _recorded,

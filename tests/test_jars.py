@@ -8,6 +8,7 @@ import pytest
 
 from falkirk.config import load
 from falkirk.io import jars
+from falkirk.io.launch import launch_conf
 
 
 @pytest.fixture
@@ -32,13 +33,13 @@ def test_the_fetched_jars_are_the_pinned_ones(jar_root):
     assert not any(n.startswith(("scala-library", "hadoop-client")) for n in names), \
         "jars pyspark ships must not be given twice"
     assert "kafka_2.13-4.2.0.jar" in jars.kafka_classpath()
-    assert load().spark_launch_conf["spark.jars"] == jars.spark_jars()
+    assert launch_conf(load())["spark.jars"] == jars.spark_jars()
 
 
 def test_missing_jars_name_bin_setup(jar_root):
     shutil.rmtree(jar_root / "spark")
     with pytest.raises(jars.JarsError, match="run bin/setup") as err:
-        load().spark_launch_conf  # noqa: B018 - what every Spark driver's settings come from
+        launch_conf(load())  # what every Spark driver's settings come from
     assert str(jar_root / "spark") in str(err.value)
 
 
@@ -70,7 +71,7 @@ def test_using_the_jars_reads_the_stamp_not_the_archives(jar_root, monkeypatch):
     jars._checked.cache_clear()
     for name in jars.SETS:
         assert jars.jars(name)
-    assert "hadoop-aws" in load("cluster").spark_launch_conf["spark.executor.extraClassPath"]
+    assert "hadoop-aws" in launch_conf(load("cluster"))["spark.executor.extraClassPath"]
 
 
 def test_a_stamp_without_sizes_is_completed_without_fetching_again(jar_root):

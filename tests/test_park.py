@@ -191,7 +191,7 @@ def test_a_job_whose_engine_dies_mid_epoch_exits_at_once_saying_why(lane, tmp_pa
     process exits at once, still held, with ``ENGINE_LOST_EXIT`` and a ``failed`` row that
     says why; without the exit it would wait at the hold."""
     from falkirk.local.broker import free_port
-    from falkirk.local.engine import LocalEngine
+    from falkirk.runtime.engine import LocalEngine
 
     cfg, log = lane
     engine = LocalEngine(tmp_path / "engine", port=free_port(), cfg=cfg).start()

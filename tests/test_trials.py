@@ -119,7 +119,7 @@ def test_trials_lose_and_duplicate_nothing(golden, tmp_path):
     in a checkpoint are tested at the writer and the store (tests/test_delta.py,
     tests/test_checkpoints.py) and are targets of longer campaigns (falkirk chaos).
 
-    The jobs are clients of the engine (falkirk.local.engine): the killed job's session
+    The jobs are clients of the engine (falkirk.runtime.engine): the killed job's session
     there is released by the rollback, and the job restarts as a new client."""
     out = tmp_path / "trials.json"
     code = trials.main(Namespace(trials=1, seed=CI_SEED, events=INPUT["events"],

@@ -259,7 +259,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
     import json as _json
 
     from falkirk.config import load
-    from falkirk.local import engine
+    from falkirk.runtime import engine
 
     cfg = load()
     try:

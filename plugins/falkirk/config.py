@@ -90,14 +90,14 @@ class Config:
     # the rollback that stops it (falkirk.io.spark.release_session). Empty: every job is
     # a Spark application of its own (spark-submit, a driver JVM each).
     spark_remote: str = ""
-    # falkirk starts the engine at ``spark_remote`` itself (falkirk.local.engine) when
+    # falkirk starts the engine at ``spark_remote`` itself (falkirk.runtime.engine) when
     # nothing answers there: the embedded default, like the local broker.
     local_engine: bool = False
     # The engine's master and heap (its JVM hosts every job's session).
     engine_master: str = "local[2]"
     engine_memory: str = "3g"
     # A second engine kept warm beside the one falkirk runs, which takes the engine's
-    # port when it dies (falkirk.local.engine, docs/engine.md): the jobs restarted after
+    # port when it dies (falkirk.runtime.engine, docs/engine.md): the jobs restarted after
     # the engine's loss find one answering at once, its application started (warmed up
     # if it had the time), not a cold start of ~8 s. It holds a second heap; measured,
     # it did not shorten the engine-only campaign's recoveries (README).
@@ -114,57 +114,12 @@ class Config:
         """The location of a Delta table under the lake."""
         return "/".join([self.lake.rstrip("/"), *parts])
 
-    @property
-    def spark_launch_conf(self) -> dict[str, str]:
-        """Spark settings that must be given when the driver starts (spark-submit --conf,
-        or the builder before the JVM exists): the same for jobs, DAG tasks and tests."""
-        return self.launch_conf()
-
-    def launch_conf(self, class_data: bool = True) -> dict[str, str]:
-        """``spark_launch_conf``; with ``class_data``, the driver maps the profile's
-        class-data archive when ``falkirk jars`` trained it (falkirk.io.classdata)."""
-        from falkirk.io.jars import spark_jars
-
-        conf = {"spark.sql.shuffle.partitions": str(self.spark_shuffle_partitions),
-                "spark.ui.enabled": "true" if self.spark_ui else "false",
-                # Spark's Kafka connector and delta-spark, fetched by bin/setup: the driver
-                # ships them to executors, and no job resolves packages at start.
-                "spark.jars": spark_jars(),
-                "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-                "spark.sql.catalog.spark_catalog":
-                    "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-                # Delta rebuilds a table's snapshot with 50 tasks by default: 2 cores here.
-                "spark.databricks.delta.snapshotPartitions":
-                    str(self.spark_shuffle_partitions)}
-        if not self.lake.startswith("s3://"):
-            # falkirk.io.delta.read_version hands Spark a version's data files: above 32
-            # paths Spark would check them with a Spark job of a task per path, where the
-            # driver checks local files in microseconds (an object store keeps the job).
-            conf["spark.sql.sources.parallelPartitionDiscovery.threshold"] = "1000000"
-        options = self.spark_driver_java_options
-        if class_data:
-            from falkirk.io.classdata import java_options
-
-            options = " ".join(filter(None, [options, java_options(self)]))
-        if options:
-            conf["spark.driver.extraJavaOptions"] = options
-        if "://127.0.0.1:" in self.spark_master:  # a cluster on loopback: stay on it
-            conf["spark.driver.host"] = "127.0.0.1"
-        if self.lake.startswith("s3://"):
-            conf.update({f"spark.hadoop.{k}": v for k, v in self.s3a_settings().items()})
-        if self.object_store_jars:
-            from falkirk.io.jars import s3_classpath
-
-            conf["spark.driver.extraClassPath"] = conf["spark.executor.extraClassPath"] = (
-                s3_classpath())
-        conf.update(self.spark_conf)
-        return conf
-
     def s3a_settings(self, secrets: bool = False) -> dict[str, str]:
         """Hadoop's s3a settings for the lake, from the same storage options delta-rs
         gets, so Spark and delta-rs cannot point at different stores. The credentials
-        only with ``secrets``: launch settings show on command lines and in Airflow's
-        task fields, so ``falkirk.io.spark.session`` sets them in the running driver."""
+        only with ``secrets``: launch settings (falkirk.io.launch) show on command lines
+        and in Airflow's task fields, so a session of its own gets them in the running
+        driver (falkirk.io.spark.application_session)."""
         opts = dict(self.storage_options)
         # No committer settings: Spark's Parquet writes (falkirk.io.delta.spark_files)
         # commit with Hadoop's FileOutputCommitter, renames and then a delete of

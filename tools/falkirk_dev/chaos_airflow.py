@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 TARGETS = ("job", "scheduler", "broker")
-#: With the profile's own Spark Connect engine (falkirk.local.engine) it is a target too:
+#: With the profile's own Spark Connect engine (falkirk.runtime.engine) it is a target too:
 #: every job's session dies with it.
 ENGINE = "engine"
 
@@ -228,7 +228,7 @@ class AirflowCampaign:
         if not alive:
             return  # between a death and its restart, or the streams ended
         if target == ENGINE:
-            from falkirk.local.engine import kill_local
+            from falkirk.runtime.engine import kill_local
 
             t = time.monotonic()
             if (pid := kill_local(self.run.cfg)) is None:

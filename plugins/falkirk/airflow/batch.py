@@ -49,6 +49,7 @@ from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
 from airflow.timetables.interval import DeltaDataIntervalTimetable
 
 from falkirk.config import load
+from falkirk.io.launch import launch_conf
 from falkirk.log.epochlog import EpochLog, RegionLog
 from falkirk.model.times import DOMAINS, Offsets, is_whole_epoch, time_of
 from falkirk.model.topology import EdgeSpec, Pipeline, load_pipeline
@@ -264,7 +265,7 @@ def submit_kwargs(pipeline_name: str, region: str) -> dict[str, Any]:
         "application_args": ["--pipeline", pipeline.name, "--epoch",
                              "{{ falkirk_epoch(data_interval_start) }}",
                              "--idle-timeout", "600"],
-        "conf": cfg.spark_launch_conf,
+        "conf": launch_conf(cfg),
     }
 
 
@@ -279,14 +280,14 @@ def run_epoch(pipeline: str, region: str, data_interval_start: datetime) -> int:
     start for each epoch. Fails the task unless the job ended well; returns the epoch.
 
     When the engine that falkirk runs died under the epoch (it is dead, or another process
-    serves now: :func:`falkirk.local.engine.died`, :func:`~falkirk.local.engine.serving`),
+    serves now: :func:`falkirk.runtime.engine.died`, :func:`~falkirk.runtime.engine.serving`),
     the epoch runs again in this try once the engine answers, up to
     :data:`ENGINE_LOSSES_PER_TRY` times: the loss was not the epoch's, and an hour of
     strikes with the engine among the targets (README) spent all 9 tries of one epoch in
     14 minutes, half of them on engine kills, leaving every region downstream waiting. Its
     rerun is safe: the epoch's outputs are written exactly once."""
-    from falkirk.local.engine import died, ensure, serving
     from falkirk.runtime.driver import run_job
+    from falkirk.runtime.engine import died, ensure, serving
     from falkirk.runtime.job import job_logic
 
     spec = load_pipeline(pipeline)

@@ -72,8 +72,8 @@ def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
     park in time is stopped and restarted. ``say``: where progress goes (default: this
     module's log). ``epoch_log``: the watch's own, kept across its recoveries."""
     from falkirk.config import load
-    from falkirk.local.engine import died
     from falkirk.log.epochlog import EpochLog
+    from falkirk.runtime.engine import died
     from falkirk.runtime.park import PARK_WAIT_S
 
     say = say or log.info
@@ -108,9 +108,9 @@ def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
 
 
 def _start_engine_beside(cfg: Any) -> Future[None]:
-    """Start this machine's engine in a thread (:func:`falkirk.local.engine.ensure`: one
+    """Start this machine's engine in a thread (:func:`falkirk.runtime.engine.ensure`: one
     starter at a time, so the jobs started next wait for it rather than start another)."""
-    from falkirk.local.engine import ensure
+    from falkirk.runtime.engine import ensure
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="falkirk-engine-start")
     try:
@@ -165,7 +165,7 @@ def with_the_engines_jobs(pipeline: Pipeline, dead: dict[str, list[str]],
     fence watches' three looks. With a standby engine the port answers again within a
     second: the jobs started before the standby took it over ran on the dead one.
     ``running``: the live job processes, when the caller has just read them."""
-    from falkirk.local.engine import died, serving_since
+    from falkirk.runtime.engine import died, serving_since
 
     running = procs.running(pipeline) if running is None else running
     if not dead and (not running or streams.pause_marker(pipeline).exists()):

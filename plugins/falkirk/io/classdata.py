@@ -1,6 +1,6 @@
 """The Spark driver's class-data archive: the classes a driver loads, mapped from one file.
 
-The engine (falkirk.local.engine) is a driver of the profile's class path and options too,
+The engine (falkirk.runtime.engine) is a driver of the profile's class path and options too,
 and maps it as well.
 
 Why: a driver JVM starts by loading and verifying some 20,000 classes (Spark, delta-spark,
@@ -15,8 +15,9 @@ and shared between the drivers running at once.
 profile's class path and JVM options writes a few Delta epochs and reads them back, then
 exits and leaves the archive. Its name is a digest of what it depends on (the JVM, the
 driver's options, the Spark jars and class path), so a changed JVM or jar set is simply
-not matched, and ``Config.spark_launch_conf`` passes the archive only when it exists. A
-JVM that finds an archive it cannot use runs without it (``-Xshare:auto``, the default).
+not matched, and the launch settings (falkirk.io.launch) pass the archive only when it
+exists. A JVM that finds an archive it cannot use runs without it (``-Xshare:auto``, the
+default).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
+from falkirk.io.jars import lib_dir, s3_classpath, spark_jars
 
 FOLDER = "cds"  # under the jar folder (falkirk.io.jars.lib_dir), ignored by git
 
@@ -55,7 +57,7 @@ def key(cfg: Config) -> str | None:
     java = java_binary()
     if java is None:
         return None
-    conf = cfg.launch_conf(class_data=False)
+    conf = keyed_settings(cfg)
     parts = [str(java)]
     for lib in sorted(java.parent.parent.glob("lib/server/*.so")):  # a JVM update
         st = lib.stat()
@@ -68,10 +70,20 @@ def key(cfg: Config) -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+def keyed_settings(cfg: Config) -> dict[str, str]:
+    """The launch settings the archive depends on, as the driver gets them
+    (falkirk.io.launch.launch_conf, the profile's ``spark_conf`` last) but for the
+    archive's own option: the JVM's options, the jars and the driver's class path."""
+    given = dict(cfg.spark_conf)
+    return {"spark.driver.extraJavaOptions": given.get(
+                "spark.driver.extraJavaOptions", cfg.spark_driver_java_options),
+            "spark.driver.extraClassPath": given.get(
+                "spark.driver.extraClassPath", s3_classpath() if cfg.object_store_jars else ""),
+            "spark.jars": given.get("spark.jars", spark_jars())}
+
+
 def archive(cfg: Config) -> Path | None:
     """Where the archive for this profile's drivers is (or would be)."""
-    from falkirk.io.jars import lib_dir
-
     digest = key(cfg)
     return lib_dir() / FOLDER / f"driver-{cfg.env}-{digest}.jsa" if digest else None
 

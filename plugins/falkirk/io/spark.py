@@ -7,7 +7,8 @@ import os
 import sys
 from collections.abc import MutableMapping
 
-from falkirk.config import Config, load
+from falkirk.config import Config, ConfigError, load
+from falkirk.io.launch import launch_conf
 
 
 def conform(df, table: str):
@@ -110,6 +111,30 @@ def _checkpoint_dir(spark) -> str | None:
     return spark._falkirk_checkpoint_dir
 
 
+def address(remote: str) -> tuple[str, int]:
+    """(host, port) of a Spark Connect URL (``sc://host:port[/;params]``)."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(remote.split("/;", 1)[0])
+    if parsed.scheme != "sc" or not parsed.hostname:
+        raise ConfigError(f"spark_remote {remote!r} is not a Spark Connect URL "
+                          "(sc://host:port)")
+    return parsed.hostname, parsed.port or 15002
+
+
+def answering(remote: str) -> bool:
+    """Something listens at a Spark Connect server's address (an engine's gRPC service
+    starts last)."""
+    import socket
+
+    host, port = address(remote)
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 #: The environment variable that names a job's Spark Connect session (``start_job`` sets
 #: it and records it beside the job's process, so whoever stops the job releases it).
 SESSION_ENV = "FALKIRK_SPARK_SESSION"
@@ -135,8 +160,8 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     (:func:`remote_session`). Else an application of its own: local[2] with 2 shuffle
     partitions (2 cores), bound to 127.0.0.1, the Python workers on this venv's
     interpreter (else they cannot import pyarrow), the RocksDB state store with changelog
-    checkpointing for Spark's own in-query recovery, and (from ``Config.spark_launch_conf``)
-    the Kafka connector and delta-spark jars bin/setup fetched.
+    checkpointing for Spark's own in-query recovery, and (from the launch settings,
+    falkirk.io.launch) the Kafka connector and delta-spark jars bin/setup fetched.
     """
     from pyspark.sql import SparkSession
 
@@ -160,7 +185,7 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
     )
     if local:
         builder = builder.config("spark.driver.host", "127.0.0.1")
-    for key, value in {**cfg.spark_launch_conf, **conf}.items():
+    for key, value in {**launch_conf(cfg), **conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
@@ -176,14 +201,14 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
 
 def remote_session(cfg: Config, session_id: str | None = None, **conf: str):
     """A Spark Connect session on the engine at ``cfg.spark_remote`` (started first when
-    falkirk runs it: :func:`falkirk.local.engine.ensure`). Its id is ``session_id``, else
+    falkirk runs it: :func:`falkirk.runtime.engine.ensure`). Its id is ``session_id``, else
     the one the job was started with (``$FALKIRK_SPARK_SESSION``), else a new one. The
     session counts the Spark stages each job group runs (:func:`jobs_in_group`)."""
     import uuid
 
     from pyspark.sql import SparkSession
 
-    from falkirk.local.engine import ensure
+    from falkirk.runtime.engine import ensure
 
     ensure(cfg)
     sid = session_id or os.environ.get(SESSION_ENV) or str(uuid.uuid4())
@@ -329,8 +354,6 @@ def release_session(remote: str, session_id: str) -> bool:
     (one that does not answer has lost every session anyway)."""
     from pyspark.errors.exceptions.connect import SparkConnectException
     from pyspark.sql.connect.client import SparkConnectClient
-
-    from falkirk.local.engine import answering
 
     if not answering(remote):
         return False

@@ -28,7 +28,7 @@ from types import TracebackType
 
 from falkirk.errors import FalkirkError
 from falkirk.io.jars import kafka_classpath
-from falkirk.runtime.procs import group_members
+from falkirk.runtime.procs import free_port, group_members
 
 STARTUP_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -56,13 +56,6 @@ Configuration:
 
 class BrokerError(FalkirkError, RuntimeError):
     """The local broker did not start, stop or accept a request."""
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on right now (racy; start() retries)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _new_cluster_id() -> str:

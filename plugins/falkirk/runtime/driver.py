@@ -20,9 +20,9 @@ from typing import Any
 from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
 from falkirk.io.spark import quiet
-from falkirk.local.engine import serving
 from falkirk.log.epochlog import EpochLog
 from falkirk.model.topology import Pipeline
+from falkirk.runtime.engine import serving
 from falkirk.runtime.job import JobLogic, RuntimeFailure
 from falkirk.runtime.loop import Fenced, JobRunner
 from falkirk.runtime.park import ENGINE_LOST_EXIT, PARK_WAIT_S, FenceWatch, wait_for_rollback

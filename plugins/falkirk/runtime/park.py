@@ -75,7 +75,7 @@ class FenceWatch:
         self.pipeline, self.regions, self.generation = pipeline, regions, generation
         self.spark, self.interval_s, self.engine = spark, interval_s, engine
         self.on_engine_lost = on_engine_lost
-        # the engine's process as recorded now (falkirk.local.engine.serving): another
+        # the engine's process as recorded now (falkirk.runtime.engine.serving): another
         # one serving later (a standby took the port) has none of this job's session
         self.engine_process = engine_process
         self._serving = engine_process() if engine_process is not None else None
@@ -97,7 +97,7 @@ class FenceWatch:
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):
             if self.engine and not self.engine_lost:
-                from falkirk.local.engine import answering
+                from falkirk.io.spark import answering
 
                 self._unanswered = 0 if answering(self.engine) else self._unanswered + 1
                 now = self.engine_process() if self.engine_process is not None else None

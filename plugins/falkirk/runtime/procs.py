@@ -63,7 +63,9 @@ def job_command(job: str | Path, args: list[str], cfg: Config | None = None,
         import pyspark
 
         submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    confs = [arg for k, v in (cfg.spark_launch_conf if conf is None else conf).items()
+    from falkirk.io.launch import launch_conf
+
+    confs = [arg for k, v in (launch_conf(cfg) if conf is None else conf).items()
              for arg in ("--conf", f"{k}={v}")]
     return [str(submit), "--master", cfg.spark_master, *confs, str(Path(job).resolve()), *args]
 
@@ -113,7 +115,7 @@ def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
         import uuid
 
         from falkirk.io.spark import SESSION_ENV
-        from falkirk.local.engine import ensure
+        from falkirk.runtime.engine import ensure
 
         ensure(cfg)
         # Its predecessor's calls must not run on beside it (an Airflow retry of a batch
@@ -282,6 +284,16 @@ def set_group_priority(pgid: int, nice: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
     with contextlib.suppress(OSError):  # no autogroups: the threads' values do it
         Path(f"/proc/{pgid}/autogroup").write_text(str(nice))
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on right now (racy: a starter retries or
+    refuses a port taken meanwhile)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def group_alive(pgid: int) -> bool:

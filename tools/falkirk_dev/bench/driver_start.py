@@ -1,6 +1,6 @@
 """A driver's start: cold without and with the class-data archive (falkirk.io.classdata),
 handed to a warm standby driver (falkirk.runtime.standby), and a client of the Spark
-Connect engine (falkirk.local.engine: a job's start as the local profile runs it).
+Connect engine (falkirk.runtime.engine: a job's start as the local profile runs it).
 
 What a restarted job pays before its first commit: spark-submit, the JVM, the Spark
 session, then its first Delta epoch (written, read back, aggregated) in a cold JVM. A
@@ -57,6 +57,7 @@ def one_driver(class_data: bool | None, scratch: Path) -> dict[str, float]:
     """One driver of its own (``class_data``: with the archive or without), or with None
     a client of the engine."""
     from falkirk.config import load
+    from falkirk.io.launch import launch_conf
     from falkirk.runtime.procs import as_application, job_command, job_env
 
     cfg, env = load(), {}
@@ -66,7 +67,7 @@ def one_driver(class_data: bool | None, scratch: Path) -> dict[str, float]:
     script.write_text(DRIVER)
     table = scratch / f"t-{time.time_ns()}"
     cmd = job_command(script, [str(table)], cfg, conf=None if class_data is None
-                      else cfg.launch_conf(class_data=class_data))
+                      else launch_conf(cfg, class_data=class_data))
     started = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, env={**job_env(), **env},
                           timeout=900)

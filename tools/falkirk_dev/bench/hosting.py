@@ -49,7 +49,7 @@ def four_jobs(run, last: int, timeout_s: float, clients: bool = False) -> float:
     from unittest import mock
 
     from falkirk.config import load
-    from falkirk.local.engine import answering, ensure, stop_local
+    from falkirk.runtime.engine import answering, ensure, stop_local
     from falkirk.runtime.procs import as_application
 
     cfg = load()

@@ -24,7 +24,7 @@ class RssSampler:
     def _sample(self) -> None:
         import psutil
 
-        from falkirk.local.engine import status
+        from falkirk.runtime.engine import status
 
         me = psutil.Process()
         engine = status()["pid"]

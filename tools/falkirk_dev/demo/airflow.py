@@ -717,7 +717,7 @@ class AirflowDemo:
         if self.broker is not None:
             self.broker.stop()
         if not self.keep_airflow and self.run is not None and not self.engine_was_up:
-            from falkirk.local.engine import stop_local  # it started it; nobody is left
+            from falkirk.runtime.engine import stop_local  # it started it; nobody is left
 
             stop_local(self.run.cfg)
 
@@ -726,7 +726,7 @@ def _engine_answering() -> bool:
     """Whether the profile's Spark Connect engine already answers (a test suite's, a
     campaign's, the user's ``falkirk engine start``)."""
     from falkirk.config import load
-    from falkirk.local.engine import answering
+    from falkirk.io.spark import answering
 
     cfg = load()
     return bool(cfg.spark_remote and cfg.local_engine and answering(cfg.spark_remote))

@@ -39,11 +39,18 @@ import sys
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
-from falkirk.runtime.procs import group_members, is_process, process_started, write_whole
+from falkirk.io.launch import launch_conf
+from falkirk.io.spark import address, answering
+from falkirk.runtime.procs import (
+    free_port,
+    group_members,
+    is_process,
+    process_started,
+    write_whole,
+)
 
 STARTUP_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
@@ -62,27 +69,6 @@ class EngineError(FalkirkError, RuntimeError):
     """The engine did not start, or does not answer where the config says it is."""
 
 
-def address(remote: str) -> tuple[str, int]:
-    """(host, port) of a Spark Connect URL (``sc://host:port[/;params]``)."""
-    parsed = urlparse(remote.split("/;", 1)[0])
-    if parsed.scheme != "sc" or not parsed.hostname:
-        raise EngineError(f"spark_remote {remote!r} is not a Spark Connect URL "
-                          "(sc://host:port)")
-    return parsed.hostname, parsed.port or 15002
-
-
-def answering(remote: str) -> bool:
-    """Something listens at the engine's address (its gRPC service starts last)."""
-    import socket
-
-    host, port = address(remote)
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 def engine_conf(cfg: Config, host: str, port: int, where: Path) -> dict[str, str]:
     """The server's Spark settings: the profile's launch settings (jars, Delta, the
     class-data archive) with the engine's master, heap and Connect service (its FAIR
@@ -90,7 +76,7 @@ def engine_conf(cfg: Config, host: str, port: int, where: Path) -> dict[str, str
     pools = where / "fair-pools.xml"
     pools.write_text(FAIR_POOLS)
     conf = {
-        **cfg.launch_conf(),
+        **launch_conf(cfg),
         "spark.master": cfg.engine_master,
         "spark.app.name": "falkirk-engine",
         "spark.driver.memory": cfg.engine_memory,
@@ -168,8 +154,6 @@ class LocalEngine:
 
     def start(self) -> LocalEngine:
         """Start the server and wait until it answers (a cold start: 10-20 s here)."""
-        from falkirk.local.broker import free_port
-
         self.folder.mkdir(parents=True, exist_ok=True)
         if self.port is None:
             self.port = free_port()
@@ -350,7 +334,7 @@ def keep_standby(cfg: Config, where: Path, port: int) -> int | None:
                       f"{port}\n".encode())
             out.flush()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "falkirk.local.engine", "--folder", str(where),
+                [sys.executable, "-m", "falkirk.runtime.engine", "--folder", str(where),
                  "--port", str(port)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,
