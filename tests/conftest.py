@@ -82,7 +82,7 @@ def spark():
     """A Spark session reused by every test of a module: on the suite's engine (a
     Connect session: about a second), or with ``FALKIRK_SPARK_REMOTE=`` an application of
     its own (local[2], a cold start of 5–8 s)."""
-    from falkirk.io.spark import session
+    from falkirk.runtime.launcher import session
 
     s = session("falkirk-tests")
     yield s

@@ -17,7 +17,7 @@ from falkirk_dev.bench.delta_bench import SCHEMA, epoch_frame  # the same rows a
 def main(argv: list[str]) -> int:
     table, region, generation, first, last, rows = argv
     from falkirk.io.delta import EpochWriter
-    from falkirk.io.spark import session
+    from falkirk.runtime.launcher import session
 
     spark = session("falkirk-delta-worker")
     writer = EpochWriter(spark, table, region, int(generation), SCHEMA)

@@ -42,7 +42,7 @@ CLIENT = textwrap.dedent("""
     from kafka import KafkaAdminClient, KafkaProducer
     from falkirk.config import load
     from falkirk.io.kafka import end_offsets, ensure_topics, read_range
-    from falkirk.io.spark import session
+    from falkirk.runtime.launcher import session
     from falkirk.model.times import Offsets
     from falkirk_dev import cluster
 

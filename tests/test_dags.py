@@ -585,7 +585,7 @@ def test_batch_tasks_and_stream_jobs_start_spark_with_the_same_launch_settings(
     from falkirk.config import load
     from falkirk.io.launch import launch_conf
     from falkirk.runtime.engine import engine_conf
-    from falkirk.runtime.procs import job_command
+    from falkirk.runtime.launcher import job_command
 
     cfg = load()
     assert cfg.spark_remote
@@ -621,18 +621,17 @@ def _job_ended(pipeline, job: str, status: str, code: int | None) -> None:
 
 def _record_launches(monkeypatch) -> list[str]:
     """Jobs are not started: each start is recorded in the returned list (pid 1)."""
-    from falkirk.runtime import procs
 
     launched: list[str] = []
 
-    class Launched:  # what procs.start_job returns that start_streams reads
+    class Launched:  # what launcher.start_job returns that start_streams reads
         pid = 1
 
     def launch(pipe, job, args, cfg=None):
         launched.append(job)
         return Launched()
 
-    monkeypatch.setattr(procs, "start_job", launch)
+    monkeypatch.setattr("falkirk.runtime.launcher.start_job", launch)
     return launched
 
 
@@ -1157,7 +1156,7 @@ def test_the_watchs_trigger_recovers_each_death_itself_and_watches_on(sandbox, m
         _job_ended(pipe, job, "started", None)
         return proc
 
-    monkeypatch.setattr(procs, "start_job", launch)
+    monkeypatch.setattr("falkirk.runtime.launcher.start_job", launch)
     monkeypatch.setattr(procs, "stop_regions",
                         lambda pipe, regions, cfg=None, park_s=0.0, epoch_log=None: [])
     monkeypatch.setattr(streams, "rerun_batch_epochs", lambda pipe, inv, cfg=None: {})
@@ -1282,7 +1281,6 @@ def test_invalidated_batch_epochs_are_rerun_in_order(tmp_path, monkeypatch):
     from falkirk.airflow import streams
     from falkirk.errors import FalkirkError
     from falkirk.model.topology import load_pipeline
-    from falkirk.runtime import procs
 
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
     pipeline = load_pipeline("reference")
@@ -1297,7 +1295,7 @@ def test_invalidated_batch_epochs_are_rerun_in_order(tmp_path, monkeypatch):
         runs.append((job, args))
         return Finished()
 
-    monkeypatch.setattr(procs, "start_job", launch)
+    monkeypatch.setattr("falkirk.runtime.launcher.start_job", launch)
     invalidated = [{"region": "popularity", "time": 3, "generation": 0},
                    {"region": "communities", "time": [3, "inf"], "generation": 0},
                    {"region": "popularity", "time": 2, "generation": 0}]
@@ -1369,7 +1367,7 @@ def test_a_job_killed_between_watches_is_rolled_back_before_it_starts_again(
     log = EpochLog.from_config(sandbox)
     started: list[tuple[str, int]] = []  # job, rollbacks done when it was started
 
-    class Launched:  # what procs.start_job returns that start_streams reads
+    class Launched:  # what launcher.start_job returns that start_streams reads
         pid = 1
 
     def launch(pipe, job, args, cfg=None):
@@ -1390,7 +1388,7 @@ def test_a_job_killed_between_watches_is_rolled_back_before_it_starts_again(
     assert log.job_runs("reference")["jobs/serve.py"]["status"] == "stopped"
     assert streams.dead_jobs(pipeline, killed_only=True) == {}  # stopped: not a death
 
-    monkeypatch.setattr(procs, "start_job", launch)
+    monkeypatch.setattr("falkirk.runtime.launcher.start_job", launch)
     monkeypatch.setattr(procs, "stop_regions",
                         lambda pipe, regions, cfg=None, park_s=0.0, epoch_log=None: [])
     monkeypatch.setattr(streams, "rerun_batch_epochs", lambda pipe, inv, cfg=None: {})

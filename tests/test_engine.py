@@ -127,10 +127,11 @@ def test_a_killed_clients_call_is_interrupted_when_its_session_is_released(tmp_p
     interrupts it: its task's Python worker is stopped, and the write never commits."""
     from deltalake import DeltaTable
 
-    from falkirk.io.spark import SESSION_ENV, release_session, remote_session
+    from falkirk.io.spark import SESSION_ENV, release_session
+    from falkirk.runtime.launcher import session
 
     cfg = load()
-    spark = remote_session(cfg)
+    spark = session("killed-client-test")
     uri = str(tmp_path / "table")
     spark.range(0).write.format("delta").save(uri)
     spark.stop()
@@ -139,11 +140,10 @@ def test_a_killed_clients_call_is_interrupted_when_its_session_is_released(tmp_p
     client = textwrap.dedent(f"""
         import sys
         sys.path[:0] = {sys.path!r}
-        from falkirk.config import load
-        from falkirk.io.spark import remote_session
+        from falkirk.runtime.launcher import session
         from pyspark.sql import functions as F
         import test_engine
-        spark = remote_session(load())
+        spark = session("killed-client")
         frame = spark.range(1).select(
             test_engine.hold(__import__("pathlib").Path({str(folder)!r}))(F.col("id")).alias("id"))
         frame.write.format("delta").mode("append").save({uri!r})

@@ -199,7 +199,7 @@ def test_a_job_whose_engine_dies_mid_epoch_exits_at_once_saying_why(lane, tmp_pa
         import sys
         sys.path[:0] = {sys.path!r}
         from falkirk.config import load
-        from falkirk.io.spark import session
+        from falkirk.runtime.launcher import session
         from falkirk.runtime.driver import JobDriver
         import test_park
         spark = session("engine-lost")

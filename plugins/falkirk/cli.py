@@ -260,11 +260,12 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
     from falkirk.config import load
     from falkirk.runtime import engine
+    from falkirk.runtime.launcher import launcher
 
     cfg = load()
     try:
         if args.action == "start":
-            engine.ensure(cfg)
+            launcher(cfg).ensure()
         elif args.action == "stop":
             print("stopped" if engine.stop_local(cfg) else
                   f"no engine started by falkirk in {engine.folder(cfg)}")
@@ -386,8 +387,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from falkirk.config import load
-    from falkirk.io.spark import session
     from falkirk.quality.checks import Validator
+    from falkirk.runtime.launcher import session
 
     pipeline = _pipeline(args.pipeline)
     console = Console(stderr=args.json)

@@ -276,36 +276,37 @@ ENGINE_LOSSES_PER_TRY = 20
 
 def run_epoch(pipeline: str, region: str, data_interval_start: datetime) -> int:
     """Run this DAG run's epoch of a batch region in the task's own process, a client of
-    the Spark Connect engine (``Config.spark_remote``): no spark-submit, no driver JVM to
-    start for each epoch. Fails the task unless the job ended well; returns the epoch.
+    the Spark Connect engine (``Config.spark_remote``; falkirk.runtime.launcher): no
+    spark-submit, no driver JVM to start for each epoch. Fails the task unless the job
+    ended well; returns the epoch.
 
     When the engine that falkirk runs died under the epoch (it is dead, or another process
-    serves now: :func:`falkirk.runtime.engine.died`, :func:`~falkirk.runtime.engine.serving`),
-    the epoch runs again in this try once the engine answers, up to
-    :data:`ENGINE_LOSSES_PER_TRY` times: the loss was not the epoch's, and an hour of
-    strikes with the engine among the targets (README) spent all 9 tries of one epoch in
-    14 minutes, half of them on engine kills, leaving every region downstream waiting. Its
-    rerun is safe: the epoch's outputs are written exactly once."""
+    serves now: :meth:`falkirk.runtime.launcher.Launcher.engine_lost`), the epoch runs
+    again in this try once the engine answers, up to :data:`ENGINE_LOSSES_PER_TRY` times:
+    the loss was not the epoch's, and an hour of strikes with the engine among the targets
+    spent all 9 tries of one epoch in 14 minutes, half of them on engine kills, leaving
+    every region downstream waiting. Its rerun is safe: the epoch's outputs are written
+    exactly once."""
     from falkirk.runtime.driver import run_job
-    from falkirk.runtime.engine import died, ensure, serving
     from falkirk.runtime.job import job_logic
+    from falkirk.runtime.launcher import launcher
 
     spec = load_pipeline(pipeline)
-    cfg = load()
+    launch = launcher(load())
     epoch = epoch_of(pipeline, data_interval_start)
     for run in range(1, ENGINE_LOSSES_PER_TRY + 2):
-        before = serving(cfg)
+        before = launch.engine_process()
         code = run_job(job_logic(spec.job_path(spec.regions[region].job)),
                        ["--pipeline", spec.source or spec.name, "--epoch", str(epoch),
                         "--idle-timeout", "600"])
         if code == 0:
             return epoch
-        lost = died(cfg) or (before is not None and serving(cfg) != before)
+        lost = launch.engine_lost(before)
         if not lost or run > ENGINE_LOSSES_PER_TRY:
             break
         log.warning("%s epoch %d: the Spark engine died under it (%d time(s) in this try); "
                     "running it again once the engine answers", region, epoch, run)
-        ensure(cfg)
+        launch.ensure()
     # retried as SparkSubmitOperator's failures are (DEFAULT_ARGS)
     raise RuntimeError(f"{region} epoch {epoch}: the job failed with exit code {code}; "
                        "its error is above in this log and in the epoch log's job_runs")

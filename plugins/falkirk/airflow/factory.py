@@ -27,9 +27,9 @@ from falkirk.airflow import batch, checks_tasks, names, streams, supervisor
 from falkirk.airflow import rollback_tasks as steps
 from falkirk.airflow.defaults import BATCH_EPOCH_RETRIES, DEFAULT_ARGS, TAGS, rollback_params
 from falkirk.airflow.maintenance import collect_garbage
-from falkirk.config import load
 from falkirk.errors import FalkirkError
 from falkirk.model.topology import Pipeline, declared, load_pipeline
+from falkirk.runtime.launcher import launcher
 
 log = logging.getLogger(__name__)
 
@@ -210,9 +210,10 @@ def stream_checks_dag(pipeline: Pipeline) -> DAG:
 
 def batch_dag(pipeline: Pipeline, region: str) -> DAG:
     p = pipeline.name
-    remote = load().spark_remote
+    launch = launcher()  # how a job's driver starts in this profile
     run = (f"`{pipeline.regions[region].job} --pipeline {p} --epoch k` in the task's own "
-           f"process, a client of the Spark Connect engine at `{remote}`" if remote else
+           f"process, a client of the Spark Connect engine at `{launch.engine}`"
+           if launch.client else
            f"`spark-submit {pipeline.regions[region].job} --pipeline {p} --epoch k` on the "
            "`spark_default` connection")
     doc = BATCH_DOC.format(p=p, r=region, rollback=names.rollback(p),
@@ -231,7 +232,7 @@ def batch_dag(pipeline: Pipeline, region: str) -> DAG:
         tags=[*TAGS, "batch", p],
         **batch.schedule(p, region),
     ) as dag:
-        if load().spark_remote:  # a client of the engine, in the task's process
+        if launch.client:  # a client of the engine, in the task's process
             run = PythonOperator(task_id=region, python_callable=batch.run_epoch,
                                  op_kwargs={"pipeline": p, "region": region},
                                  **BATCH_EPOCH_RETRIES)

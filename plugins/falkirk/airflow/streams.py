@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from falkirk.config import Config, load
 from falkirk.model.topology import Pipeline
-from falkirk.runtime import procs
+from falkirk.runtime import launcher, procs
 
 if TYPE_CHECKING:
     from falkirk.log.epochlog import EpochLog
@@ -70,7 +70,7 @@ def start_streams(pipeline: Pipeline, cfg: Config | None = None,
         runs = EpochLog.from_config(cfg or load()).job_runs(pipeline.name)  # once for all
         only = [job for job in stream_jobs(pipeline)
                 if not finished_cleanly(pipeline, job, cfg, runs)]
-    return {job: procs.start_job(pipeline, job, STREAM_ARGS, cfg).pid
+    return {job: launcher.start_job(pipeline, job, STREAM_ARGS, cfg).pid
             for job in only if job not in alive}
 
 
@@ -115,8 +115,8 @@ def rerun_batch_epochs(pipeline: Pipeline, invalidated: list[dict],
         job = pipeline.regions[region].job
         for epoch in sorted(todo):
             log.info("rerunning %s epoch %d", region, epoch)
-            code = procs.start_job(pipeline, job, ["--epoch", str(epoch), *BATCH_RERUN_ARGS],
-                                   cfg).wait()
+            code = launcher.start_job(pipeline, job,
+                                      ["--epoch", str(epoch), *BATCH_RERUN_ARGS], cfg).wait()
             if code != 0:
                 raise FalkirkError(f"rerun of {region} epoch {epoch} exited {code}; see "
                                    f"{log_file(pipeline, job, cfg)}")

@@ -23,6 +23,7 @@ from falkirk.runtime.park import ENGINE_LOST_EXIT
 
 if TYPE_CHECKING:
     from falkirk.log.epochlog import EpochLog
+    from falkirk.runtime.launcher import Launcher
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +72,21 @@ def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
     (:mod:`falkirk.runtime.park`; the config's ``park_moved_jobs``); one that does not
     park in time is stopped and restarted. ``say``: where progress goes (default: this
     module's log). ``epoch_log``: the watch's own, kept across its recoveries."""
-    from falkirk.config import load
     from falkirk.log.epochlog import EpochLog
-    from falkirk.runtime.engine import died
+    from falkirk.runtime.launcher import launcher
     from falkirk.runtime.park import PARK_WAIT_S
 
     say = say or log.info
     epoch_log = epoch_log or EpochLog.from_config()  # the rollback's and the stops' one
     stopped: list[str] = []
-    cfg = load()
-    engine_died = died(cfg)
+    launch = launcher()
+    cfg = launch.cfg
+    engine_died = launch.engine_died()
     # nothing parks on a dead engine: its jobs are stopped at once
     park_s = PARK_WAIT_S if cfg.park_moved_jobs and not engine_died else 0.0
     # The rollback needs no Spark (delta-rs and the epoch log): the engine starts again
     # beside it, not after it when the first job is started.
-    starting = _start_engine_beside(cfg) if engine_died else None
+    starting = _start_engine_beside(launch) if engine_died else None
 
     def stop(regions: set[str]) -> None:
         stopped.extend(procs.stop_regions(pipe, regions, park_s=park_s, epoch_log=epoch_log))
@@ -107,14 +108,12 @@ def roll_back_and_restart(pipe: Pipeline, dead: dict[str, list[str]], by: str,
             "plan": done}
 
 
-def _start_engine_beside(cfg: Any) -> Future[None]:
-    """Start this machine's engine in a thread (:func:`falkirk.runtime.engine.ensure`: one
-    starter at a time, so the jobs started next wait for it rather than start another)."""
-    from falkirk.runtime.engine import ensure
-
+def _start_engine_beside(launch: Launcher) -> Future[None]:
+    """Start this machine's engine in a thread (:meth:`Launcher.ensure`: one starter at a
+    time, so the jobs started next wait for it rather than start another)."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="falkirk-engine-start")
     try:
-        return pool.submit(ensure, cfg)
+        return pool.submit(launch.ensure)
     finally:
         pool.shutdown(wait=False)
 
@@ -165,12 +164,13 @@ def with_the_engines_jobs(pipeline: Pipeline, dead: dict[str, list[str]],
     fence watches' three looks. With a standby engine the port answers again within a
     second: the jobs started before the standby took it over ran on the dead one.
     ``running``: the live job processes, when the caller has just read them."""
-    from falkirk.runtime.engine import died, serving_since
+    from falkirk.runtime.engine import serving_since
+    from falkirk.runtime.launcher import launcher
 
     running = procs.running(pipeline) if running is None else running
     if not dead and (not running or streams.pause_marker(pipeline).exists()):
         return dead  # nothing runs, or a rollback run paused the jobs: it restarts them
-    if not died():
+    if not launcher().engine_died():
         since = serving_since()
         if since is None:
             return dead

@@ -130,7 +130,7 @@ def _training_run(out: str, scratch: str) -> None:
     from pyspark import SparkContext
     from pyspark.sql import functions as F
 
-    from falkirk.io.spark import session
+    from falkirk.io.spark import application_session
 
     # The profile's class path and JVM options (what the archive is keyed by), on local
     # data: the training needs no cluster, object store or broker.
@@ -139,7 +139,7 @@ def _training_run(out: str, scratch: str) -> None:
                   storage_options=(), spark_ui=False, spark_remote="")
     options = " ".join(filter(None, [cfg.spark_driver_java_options,
                                      f"-XX:ArchiveClassesAtExit={out}"]))
-    spark = session("falkirk-class-data-training", cfg,
+    spark = application_session("falkirk-class-data-training", cfg,
                     **{"spark.driver.extraJavaOptions": options})
     table = f"file://{scratch}/epochs"
     for epoch in range(3):

@@ -9,6 +9,9 @@ only; which settings a driver needs is decided here.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from falkirk.config import Config
 from falkirk.io.classdata import java_options
 from falkirk.io.jars import s3_classpath, spark_jars
@@ -46,3 +49,14 @@ def launch_conf(cfg: Config, class_data: bool = True) -> dict[str, str]:
             s3_classpath())
     conf.update(cfg.spark_conf)
     return conf
+
+
+def spark_submit() -> Path:
+    """pip's pyspark's spark-submit (next to the interpreter, else in the package): what
+    starts a driver of its own (a job's, the engine's)."""
+    submit = Path(sys.executable).parent / "spark-submit"
+    if submit.exists():
+        return submit
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "bin" / "spark-submit"

@@ -1,4 +1,6 @@
-"""The one place Spark sessions are built, so jobs and tests run with the same settings."""
+"""Spark sessions, built here so jobs and tests run with the same settings, and what every
+job does with one. Nothing here starts an engine or chooses which kind of session a
+process gets: that is falkirk.runtime.launcher's."""
 
 from __future__ import annotations
 
@@ -135,8 +137,9 @@ def answering(remote: str) -> bool:
         return False
 
 
-#: The environment variable that names a job's Spark Connect session (``start_job`` sets
-#: it and records it beside the job's process, so whoever stops the job releases it).
+#: The environment variable that names a job's Spark Connect session (the launcher's
+#: ``start_job`` sets it and records it beside the job's process, so whoever stops the
+#: job releases it).
 SESSION_ENV = "FALKIRK_SPARK_SESSION"
 
 
@@ -153,21 +156,18 @@ def driver_env(env: MutableMapping[str, str], cfg: Config) -> None:
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
-def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
-    """A Spark session for this machine's profile.
-
-    With ``Config.spark_remote`` a Spark Connect session on the engine
-    (:func:`remote_session`). Else an application of its own: local[2] with 2 shuffle
-    partitions (2 cores), bound to 127.0.0.1, the Python workers on this venv's
-    interpreter (else they cannot import pyarrow), the RocksDB state store with changelog
-    checkpointing for Spark's own in-query recovery, and (from the launch settings,
-    falkirk.io.launch) the Kafka connector and delta-spark jars bin/setup fetched.
+def application_session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
+    """A Spark session that is an application of its own, its driver in this process:
+    local[2] with 2 shuffle partitions (2 cores), bound to 127.0.0.1, the Python workers
+    on this venv's interpreter (else they cannot import pyarrow), the RocksDB state store
+    with changelog checkpointing for Spark's own in-query recovery, and (from the launch
+    settings, falkirk.io.launch) the Kafka connector and delta-spark jars bin/setup
+    fetched. Which kind of session a process gets is the launcher's choice
+    (falkirk.runtime.launcher.session).
     """
     from pyspark.sql import SparkSession
 
     cfg = cfg or load()
-    if cfg.spark_remote:
-        return remote_session(cfg, **conf)
     driver_env(os.environ, cfg)  # this session is an application of its own
     local = cfg.spark_master.startswith("local")
     builder = (
@@ -200,17 +200,15 @@ def session(app_name: str = "falkirk", cfg: Config | None = None, **conf: str):
 
 
 def remote_session(cfg: Config, session_id: str | None = None, **conf: str):
-    """A Spark Connect session on the engine at ``cfg.spark_remote`` (started first when
-    falkirk runs it: :func:`falkirk.runtime.engine.ensure`). Its id is ``session_id``, else
-    the one the job was started with (``$FALKIRK_SPARK_SESSION``), else a new one. The
-    session counts the Spark stages each job group runs (:func:`jobs_in_group`)."""
+    """A Spark Connect session on the engine at ``cfg.spark_remote``, which must answer
+    (the launcher starts this machine's engine first when falkirk runs it:
+    falkirk.runtime.launcher). Its id is ``session_id``, else the one the job was started
+    with (``$FALKIRK_SPARK_SESSION``), else a new one. The session counts the Spark stages
+    each job group runs (:func:`jobs_in_group`)."""
     import uuid
 
     from pyspark.sql import SparkSession
 
-    from falkirk.runtime.engine import ensure
-
-    ensure(cfg)
     sid = session_id or os.environ.get(SESSION_ENV) or str(uuid.uuid4())
     builder = SparkSession.builder.remote(f"{cfg.spark_remote.rstrip('/')}/;session_id={sid}")
     for key, value in conf.items():

@@ -104,7 +104,7 @@ class LocalRun:
 
     def start(self, jobs: list[str] | None = None, until_epoch: int | None = None) -> None:
         """Start jobs (default: all) that are not running, each in its own process group."""
-        from falkirk.runtime.procs import start_job
+        from falkirk.runtime.launcher import start_job
 
         if until_epoch is not None:
             self.until_epoch = until_epoch

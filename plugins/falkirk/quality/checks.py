@@ -111,7 +111,7 @@ class Suites:
         if spark is None:
             # GX's Spark source takes the active session or makes a bare one (whose Python
             # workers would not find this venv's packages): make ours first.
-            from falkirk.io.spark import session
+            from falkirk.runtime.launcher import session
 
             session("falkirk-checks")
         self.gx = gx

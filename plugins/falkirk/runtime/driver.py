@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import sys
-from functools import partial
 from typing import Any
 
 from falkirk.config import Config, load
@@ -22,8 +21,8 @@ from falkirk.errors import FalkirkError
 from falkirk.io.spark import quiet
 from falkirk.log.epochlog import EpochLog
 from falkirk.model.topology import Pipeline
-from falkirk.runtime.engine import serving
 from falkirk.runtime.job import JobLogic, RuntimeFailure
+from falkirk.runtime.launcher import Launcher, launcher
 from falkirk.runtime.loop import Fenced, JobRunner
 from falkirk.runtime.park import ENGINE_LOST_EXIT, PARK_WAIT_S, FenceWatch, wait_for_rollback
 
@@ -34,12 +33,15 @@ class JobDriver:
     """Runs a job's regions in one driver across rollbacks: a :class:`JobRunner` per
     generation. With ``park``, a rollback that fences the regions parks the job
     (:mod:`falkirk.runtime.park`) instead of ending it, and a new runner resumes from the
-    frontier in the rollback's generation, in the same warm Spark session."""
+    frontier in the rollback's generation, in the same warm Spark session. ``launch``:
+    how the session was made (default: the profile's launcher), which says the engine
+    the fence watch looks after, if any."""
 
     def __init__(self, pipeline: Pipeline, logic: JobLogic, spark: Any, park: bool = True,
                  cfg: Config | None = None, watch_interval_s: float = 1.0,
-                 exit_on_engine_loss: bool = False):
+                 exit_on_engine_loss: bool = False, launch: Launcher | None = None):
         self.pipeline, self.logic, self.spark, self.cfg = pipeline, logic, spark, cfg
+        self.launch = launch
         self.park, self.watch_interval_s = park, watch_interval_s
         self.exit_on_engine_loss = exit_on_engine_loss  # the job's own process only
         self.job = pipeline.regions[logic.regions[0]].job or type(logic).__name__
@@ -68,13 +70,13 @@ class JobDriver:
         while True:
             watch, fence = None, None
             if self.park:
+                launch = self.launch or launcher(runner.cfg)
                 watch = runner.watch = FenceWatch(
                     runner.log, self.pipeline.name, runner.regions, runner.generation,
-                    self.spark, self.watch_interval_s,
-                    engine=runner.cfg.spark_remote or None,
+                    self.spark, self.watch_interval_s, engine=launch.engine,
                     on_engine_lost=self.exit_engine_lost if self.exit_on_engine_loss
                     else None,
-                    engine_process=partial(serving, runner.cfg)).start()
+                    engine_process=launch.engine_process).start()
             try:
                 return runner.run(until_epoch=until, poll_s=poll_s,
                                   idle_timeout_s=idle_timeout_s)
@@ -167,7 +169,6 @@ def run_job(logic: JobLogic, argv: list[str] | None = None, own_process: bool = 
     0 done, 2 a :class:`FalkirkError` (the log of runs has its message), 1 a bug.
     ``own_process`` (the entry point): the job may end the process itself, with
     :data:`ENGINE_LOST_EXIT`, when its engine dies under it."""
-    from falkirk.io.spark import session
     from falkirk.model.topology import load_pipeline
 
     args = parser(logic).parse_args(argv)
@@ -178,7 +179,8 @@ def run_job(logic: JobLogic, argv: list[str] | None = None, own_process: bool = 
     spark = None
     try:
         pipeline = load_pipeline(args.pipeline)
-        spark = session(f"falkirk-{pipeline.name}-{'+'.join(logic.regions)}")
+        launch = launcher()  # the job's session: on the engine, or its own driver
+        spark = launch.session(f"falkirk-{pipeline.name}-{'+'.join(logic.regions)}")
         start = None
         until = args.until_epoch
         if args.epoch is not None:
@@ -187,7 +189,7 @@ def run_job(logic: JobLogic, argv: list[str] | None = None, own_process: bool = 
         # A stream job parks when a rollback fences it; a batch run of one epoch (--epoch)
         # ends on the fence instead: the rollback reruns it if it must.
         driver = JobDriver(pipeline, logic, spark, park=args.epoch is None,
-                           exit_on_engine_loss=own_process)
+                           exit_on_engine_loss=own_process, launch=launch)
         last = driver.run(start, until, args.poll, args.idle_timeout)
         log.info("%s: done through epoch %d", "+".join(logic.regions), last)
         code, message = 0, None

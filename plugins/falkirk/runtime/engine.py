@@ -42,7 +42,7 @@ from pathlib import Path
 
 from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
-from falkirk.io.launch import launch_conf
+from falkirk.io.launch import launch_conf, spark_submit
 from falkirk.io.spark import address, answering
 from falkirk.runtime.procs import (
     free_port,
@@ -110,16 +110,6 @@ def engine_conf(cfg: Config, host: str, port: int, where: Path) -> dict[str, str
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
     return conf
-
-
-def spark_submit() -> Path:
-    """pip's pyspark's spark-submit (next to the interpreter, else in the package)."""
-    submit = Path(sys.executable).parent / "spark-submit"
-    if submit.exists():
-        return submit
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "bin" / "spark-submit"
 
 
 class LocalEngine:

@@ -1,8 +1,9 @@
-"""Job processes: start a job (spark-submit) in its own process group, find it, stop it.
+"""Job processes: find them, stop them (a job is started by falkirk.runtime.launcher).
 
 Each running job leaves a small JSON file under ``var/run/<pipeline>/`` naming its pid,
-process group and the regions it hosts, so a rollback can stop exactly the jobs that host
-affected regions, and the supervisor can tell a dead region from a slow one.
+process group, the regions it hosts and its engine session, so a rollback can stop
+exactly the jobs that host affected regions (and release their sessions), and the
+supervisor can tell a dead region from a slow one.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,90 +46,6 @@ def jobs_of(pipeline: Pipeline) -> dict[str, list[str]]:
 def log_file(pipeline: Pipeline, job: str, cfg: Config | None = None) -> Path:
     """Where a job's output goes: var/log/<pipeline>-<job>.log."""
     return _dirs(cfg)[1] / f"{pipeline.name}-{Path(job).stem}.log"
-
-
-def job_command(job: str | Path, args: list[str], cfg: Config | None = None,
-                conf: dict[str, str] | None = None) -> list[str]:
-    """The command that runs a job entry point (a path, e.g. ``Pipeline.job_path``'s):
-    with a Spark Connect engine (``Config.spark_remote``) this interpreter runs it as a
-    client; else spark-submit, on this profile's master, with its launch settings (or
-    ``conf``)."""
-    cfg = cfg or load()
-    if cfg.spark_remote and conf is None:
-        return [sys.executable, str(Path(job).resolve()), *args]
-    submit = Path(sys.executable).parent / "spark-submit"  # pip's pyspark puts it there
-    if not submit.exists():  # else pyspark's own copy (an environment without its scripts)
-        import pyspark
-
-        submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    from falkirk.io.launch import launch_conf
-
-    confs = [arg for k, v in (launch_conf(cfg) if conf is None else conf).items()
-             for arg in ("--conf", f"{k}={v}")]
-    return [str(submit), "--master", cfg.spark_master, *confs, str(Path(job).resolve()), *args]
-
-
-def as_application(cfg: Config) -> tuple[Config, dict[str, str]]:
-    """``cfg`` with every job a Spark application of its own (no engine: what a standby
-    driver or a driver benchmark needs), and the environment that makes a child process
-    load its profile so."""
-    from dataclasses import replace
-
-    return replace(cfg, spark_remote=""), {
-        "FALKIRK_SPARK_REMOTE": "", f"FALKIRK_{cfg.env.upper()}_SPARK_REMOTE": ""}
-
-
-def job_env() -> dict[str, str]:
-    """The environment a job starts in: this interpreter for Spark's Python, loopback locally."""
-    from falkirk.io.spark import driver_env
-
-    env = dict(os.environ)
-    driver_env(env, load())
-    return env
-
-
-def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
-              cfg: Config | None = None, env: dict[str, str] | None = None
-              ) -> subprocess.Popen:
-    """Start a job in its own process group; its output goes to var/log/<pipeline>-<job>.log.
-
-    With ``cfg.standby_drivers`` the job goes to a warm standby driver when one is ready
-    (falkirk.runtime.standby), and a new standby is spawned to take the next one. With a
-    Spark Connect engine (``cfg.spark_remote``) every job is a client of the warm engine
-    and standbys have nothing to keep warm: the setting is ignored there.
-    """
-    cfg = cfg or load()
-    argv = ["--pipeline", pipeline.source or pipeline.name, *(args or [])]
-    if cfg.standby_drivers and not cfg.spark_remote:
-        from falkirk.runtime import standby
-
-        handed = standby.hand_over(pipeline, job, argv, cfg, env)
-        standby.replenish(pipeline, cfg, env)
-        if handed is not None:
-            return handed  # type: ignore[return-value] - Popen's poll, wait, pid, returncode
-    path = log_file(pipeline, job, cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    spark_session = None
-    if cfg.spark_remote:  # the job's session on the engine: named now, so a stop releases it
-        import uuid
-
-        from falkirk.io.spark import SESSION_ENV
-        from falkirk.runtime.engine import ensure
-
-        ensure(cfg)
-        # Its predecessor's calls must not run on beside it (an Airflow retry of a batch
-        # epoch whose try was killed, a restart the rollback did not stop).
-        release_sessions(pipeline, set(jobs_of(pipeline).get(job, ())), cfg)
-        spark_session = str(uuid.uuid4())
-        env = {**(env or {}), SESSION_ENV: spark_session}
-    out = open(path, "ab")  # noqa: SIM115 - the child keeps it
-    cmd = job_command(pipeline.job_path(job), argv, cfg)
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                            env={**job_env(), **(env or {})}, start_new_session=True)
-    out.close()
-    record_job_process(pipeline, job, proc.pid, process_started(proc.pid), cmd, cfg,
-                       spark_session)
-    return proc
 
 
 def write_whole(path: Path, value: dict) -> None:

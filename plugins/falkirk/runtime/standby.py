@@ -32,7 +32,7 @@ from typing import Any
 
 from falkirk.config import Config, load
 from falkirk.model.topology import Pipeline
-from falkirk.runtime import procs
+from falkirk.runtime import launcher, procs
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,10 @@ def spawn(pipeline: Pipeline, cfg: Config | None = None,
     where.mkdir(parents=True, exist_ok=True)
     path = procs.log_file(pipeline, "standby", cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
-    cfg, classic = procs.as_application(cfg)  # a standby keeps a driver JVM warm
-    cmd = procs.job_command(Path(__file__), ["--pipeline", pipeline.source or pipeline.name],
+    cfg, classic = launcher.as_application(cfg)  # a standby keeps a driver JVM warm
+    cmd = launcher.job_command(Path(__file__), ["--pipeline", pipeline.source or pipeline.name],
                             cfg)
-    environ = {**procs.job_env(), **(env or {}), **classic}
+    environ = {**launcher.job_env(), **(env or {}), **classic}
     environ.pop(faults.ENV, None)  # a crash point is the job's, handed over with it
     nice = procs.may_lower_priority()
     with open(path, "ab") as out:
@@ -238,7 +238,7 @@ def serve(argv: list[str] | None = None) -> None:
     import runpy
 
     from falkirk import faults
-    from falkirk.io.spark import session
+    from falkirk.runtime.launcher import session
     from falkirk.model.topology import load_pipeline
 
     p = argparse.ArgumentParser(description="A warm Spark driver waiting for a job.")

@@ -24,7 +24,7 @@ import time
 import pyarrow as pa
 
 from falkirk.io.delta import EpochWriter
-from falkirk.io.spark import session
+from falkirk.runtime.launcher import session
 
 GOAL = 0.8
 SCHEMA = pa.schema(

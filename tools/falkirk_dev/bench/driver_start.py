@@ -34,7 +34,7 @@ DRIVER = textwrap.dedent("""
     import json, sys, time
     import psutil
     from pyspark.sql import functions as F
-    from falkirk.io.spark import session
+    from falkirk.runtime.launcher import session
     spark = session("falkirk-bench-driver")
     ready = time.monotonic()
     table = sys.argv[1]
@@ -58,7 +58,7 @@ def one_driver(class_data: bool | None, scratch: Path) -> dict[str, float]:
     a client of the engine."""
     from falkirk.config import load
     from falkirk.io.launch import launch_conf
-    from falkirk.runtime.procs import as_application, job_command, job_env
+    from falkirk.runtime.launcher import as_application, job_command, job_env
 
     cfg, env = load(), {}
     if class_data is not None:

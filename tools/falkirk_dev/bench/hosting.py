@@ -45,17 +45,18 @@ def variants() -> tuple[str, ...]:
 def four_jobs(run, last: int, timeout_s: float, clients: bool = False) -> float:
     """The deployed jobs to ``last``; their wall seconds. A job that fails fails the run.
     Without ``clients`` each job is a driver of its own even where the profile runs an
-    engine (``procs.as_application``'s environment, as a user would set it)."""
+    engine (``launcher.as_application``'s environment, as a user would set it)."""
     from unittest import mock
 
     from falkirk.config import load
-    from falkirk.runtime.engine import answering, ensure, stop_local
-    from falkirk.runtime.procs import as_application
+    from falkirk.io.spark import answering
+    from falkirk.runtime.engine import stop_local
+    from falkirk.runtime.launcher import as_application, launcher
 
     cfg = load()
     was_up = clients and answering(cfg.spark_remote)
     if clients:
-        ensure(cfg)  # running before, as in a deployment: its start is not the jobs'
+        launcher(cfg).ensure()  # running before, as in a deployment: its start is not the jobs'
     env = {}
     if not clients:  # the jobs' spark-submits, and the profile they load, without it
         run.cfg, env = as_application(run.cfg)
@@ -77,8 +78,7 @@ def four_jobs(run, last: int, timeout_s: float, clients: bool = False) -> float:
 def one_application(run, lake: Path, last: int) -> float:
     """The regions in one fresh Spark session to ``last``; its wall seconds, its JVM's
     start included."""
-    from falkirk.io.spark import session
-    from falkirk.runtime.procs import as_application
+    from falkirk.runtime.launcher import as_application, session
     from falkirk_dev.bench.regimes_bench import run_once
 
     # a driver of its own even where the profile runs an engine: a Connect session would

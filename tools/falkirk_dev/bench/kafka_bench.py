@@ -163,7 +163,7 @@ def epoch_reads(spark, bootstrap: str) -> dict:
 
 
 def main(records: int = 300_000, min_partitions: int = 0) -> dict:
-    from falkirk.io.spark import session
+    from falkirk.runtime.launcher import session
 
     with (
         tempfile.TemporaryDirectory(prefix="falkirk-kafka-bench-") as tmp,

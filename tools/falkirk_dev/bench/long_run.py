@@ -57,7 +57,7 @@ def summary(timings: list[tuple], rss: list[tuple[float, float]],
 def main(args: Namespace) -> dict:
     from rich.console import Console
 
-    from falkirk.io.spark import session
+    from falkirk.runtime.launcher import session
     from falkirk_dev.bench.memory import RssSampler
     from falkirk_dev.bench.regimes_bench import run_once
     from falkirk_dev.harness import LocalRun

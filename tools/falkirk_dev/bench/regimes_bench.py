@@ -70,8 +70,8 @@ def main(args: Namespace) -> dict:
     from rich.console import Console
     from rich.table import Table
 
-    from falkirk.io.spark import session
     from falkirk.runtime.bounds import declare_bounds
+    from falkirk.runtime.launcher import session
     from falkirk_dev import generate
     from falkirk_dev.harness import LocalRun
 

@@ -169,7 +169,7 @@ def main(args: Namespace) -> dict:
     from rich.console import Console
     from rich.table import Table
 
-    from falkirk.io.spark import session
+    from falkirk.runtime.launcher import session
 
     console = Console()
     sizes = [int(x) for x in str(args.events or "10000,100000,1000000").split(",")]
