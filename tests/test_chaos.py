@@ -230,27 +230,8 @@ def test_a_recoverys_parts_split_out_the_wait_for_an_upstream_region_it_did_not_
             "watched": ["serve", "stats"]}
     parts = chaos_airflow.recovery_parts(kill, records, runs, pipe)
     assert parts == {"region": "stats", "epoch": 10, "waited_on": "popularity",
-                     "standby_took": [], "resumed_in_place": [], "rollback_s": 3.0,
-                     "start_s": 9.0,
+                     "resumed_in_place": [], "rollback_s": 3.0, "start_s": 9.0,
                      "waited_s": 18.0, "work_s": 7.0}
-
-    # a start row naming a process that ran before the kill: a warm standby took it
-    # (a cold spark-submit started after the kill; a start after the recovery is not its)
-    warm = [{**runs[0], "process_started": (t0 - timedelta(seconds=50)).timestamp()},
-            {"job": "jobs/communities.py", "status": "started", "generation": 5,
-             "recorded_at": t0 + timedelta(seconds=4),
-             "process_started": (t0 + timedelta(seconds=1)).timestamp()},
-            {"job": "jobs/ingest.py", "status": "started", "generation": 5,
-             "recorded_at": t0 + timedelta(seconds=60),
-             "process_started": (t0 - timedelta(seconds=90)).timestamp()}]
-    assert chaos_airflow.recovery_parts(kill, records, warm, pipe)["standby_took"] == [
-        "jobs/serve.py"]
-    # a batch epoch on the engine runs in its Airflow task's process, which may be older
-    # than the kill: no standby took it
-    batch = [{"job": "jobs/popularity.py", "status": "started", "generation": 5,
-              "recorded_at": t0 + timedelta(seconds=20),
-              "process_started": (t0 - timedelta(seconds=5)).timestamp()}]
-    assert chaos_airflow.recovery_parts(kill, records, batch, pipe)["standby_took"] == []
 
     # a job the rollback moved back that parked and resumed in its running driver
     parked = [*runs, {"job": "jobs/communities.py", "status": "parked", "generation": 4,

@@ -879,59 +879,11 @@ def test_after_the_engines_death_it_starts_again_beside_the_rollback(tmp_path, m
     assert launched == []
 
 
-def test_when_a_standby_engine_took_over_the_jobs_started_before_are_recovered_together(
-        tmp_path, monkeypatch):
-    """With a standby engine the port answers again a second after the engine's kill, so
-    the engine never looks dead. The engine's record then names the standby and when it
-    began to serve: every stream job started before that ran on the dead engine and is
-    recovered with the first dead one; a job started after it runs on the new engine and
-    is left running."""
-    import subprocess
-    import time
-
-    from falkirk.airflow import supervisor
-    from falkirk.model.topology import load_pipeline
-    from falkirk.runtime import procs
-    from falkirk.runtime.engine import died, serving_since
-    from falkirk.runtime.procs import write_whole
-
-    _an_engine_of_its_own(tmp_path, monkeypatch)  # nothing answers at its address yet
-    pipeline = load_pipeline("reference")
-    before = subprocess.Popen(["sleep", "300"], start_new_session=True)
-    standby = subprocess.Popen(["sleep", "300"], start_new_session=True)
-    after = subprocess.Popen(["sleep", "300"], start_new_session=True)
-    try:
-        procs.record_job_process(pipeline, "jobs/serve.py", before.pid,
-                                 procs.process_started(before.pid), ["x"])
-        _job_ended(pipeline, "jobs/ingest.py", "started", None)  # then its engine died
-        (tmp_path / "engine").mkdir()
-        took_over = time.time() + 0.01
-        write_whole(tmp_path / "engine" / "engine.json",
-                    {"pid": standby.pid, "pgid": standby.pid, "serving": took_over,
-                     "took_over": True,
-                     "process_started": procs.process_started(standby.pid)})
-        time.sleep(0.05)
-        procs.record_job_process(pipeline, "jobs/communities.py", after.pid,
-                                 procs.process_started(after.pid), ["x"])
-        assert not died() and serving_since() == took_over
-        assert supervisor.dead_or_finished(pipeline) == {
-            "jobs/ingest.py": ["ingest"], "jobs/serve.py": ["serve", "stats"]}
-    finally:
-        for p in (before, standby, after):
-            p.kill()
-            p.wait()
-
-
 def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     """start_streams starts only jobs that neither run nor finished (unless a rollback names
-    them); watch keeps waiting when every job finished (its standby drivers stopped), and
-    ends on a death."""
-    import json
-    import subprocess
-
+    them); watch keeps waiting when every job finished, and ends on a death."""
     from falkirk.airflow import streams, supervisor
     from falkirk.model.topology import load_pipeline
-    from falkirk.runtime import procs, standby
 
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
     monkeypatch.setenv("FALKIRK_LAKE", str(tmp_path / "lake"))
@@ -943,16 +895,7 @@ def test_the_supervisor_leaves_finished_streams_finished(tmp_path, monkeypatch):
     assert streams.start_streams(pipeline, only=["jobs/communities.py"]) == {
         "jobs/communities.py": 1}
     sensor = supervisor.StreamsSensor(task_id="watch", pipeline="reference")
-    spare = subprocess.Popen(["sleep", "300"], start_new_session=True)  # a warm standby's
-    try:  # stand-in: the streams ended, nothing is left for it to take
-        standby.folder(pipeline).mkdir(parents=True)
-        (standby.folder(pipeline) / f"{spare.pid}.json").write_text(json.dumps(
-            {"pid": spare.pid, "process_started": procs.process_started(spare.pid)}))
-        assert sensor.poke({}) is False  # every job finished: go on waiting
-        assert spare.wait(timeout=30) is not None and standby.standbys(pipeline) == []
-    finally:
-        spare.kill()
-        spare.wait()
+    assert sensor.poke({}) is False  # every job finished: go on waiting
     _job_ended(pipeline, "jobs/serve.py", "started", None)  # then killed: no end row
     assert streams.start_streams(pipeline) == {"jobs/serve.py": 1}
     done = sensor.poke({})

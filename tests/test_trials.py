@@ -124,7 +124,7 @@ def test_trials_lose_and_duplicate_nothing(golden, tmp_path):
     out = tmp_path / "trials.json"
     code = trials.main(Namespace(trials=1, seed=CI_SEED, events=INPUT["events"],
                                  epochs=INPUT["epochs"], json=str(out),
-                                 workdir=str(tmp_path / "work"), standby=0), golden=golden)
+                                 workdir=str(tmp_path / "work")), golden=golden)
     report = json.loads(out.read_text())
     assert code == 0, json.dumps(report, indent=1)
     assert report["seed"] == CI_SEED and report["input"] == INPUT

@@ -281,8 +281,6 @@ def cmd_engine(args: argparse.Namespace) -> int:
     else:
         print(f"engine {info['remote']}: {'answering' if info['answering'] else 'down'}"
               + (f", pid {info['pid']}" if info["pid"] else "")
-              + (" (a standby that took over)" if info["took_over_from_a_standby"] else "")
-              + (f"; standby pid {info['standby_pid']}" if info["standby_pid"] else "")
               + f"; log {info['log']}")
     return 0
 

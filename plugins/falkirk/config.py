@@ -2,7 +2,8 @@
 
 ``FALKIRK_ENV=local`` (the default) keeps every Delta table under this machine's falkirk
 folder (``var/`` of a checkout, ``$FALKIRK_HOME`` or ~/.falkirk otherwise), talks to a
-local Kafka broker and runs Spark as local[2].
+local Kafka broker and runs every job as a client of one Spark Connect engine on this
+machine (local[2]).
 ``FALKIRK_ENV=cluster`` is the local cluster of ``bin/cluster up`` (Spark standalone, 3
 Kafka brokers, the lake on an S3-compatible object store), or a remote one by overrides.
 ``FALKIRK_ENV=compose`` is the same cluster in the containers of docker-compose.yml (which
@@ -65,9 +66,6 @@ class Config:
     # The executor bin/airflow runs Airflow with: LocalExecutor on one machine; the
     # CeleryExecutor on a cluster (tasks go to Celery workers through a broker).
     airflow_executor: str = "LocalExecutor"
-    # Warm Spark drivers kept per pipeline to take a (re)started job's place
-    # (falkirk.runtime.standby): each holds a JVM with a session (about 1 GB). 0: none.
-    standby_drivers: int = 0
     # The streams supervisor's watch defers to Airflow's triggerer, which looks for a dead
     # job every second (bin/airflow runs a triggerer). False: an Airflow without one; the
     # watch then pokes in reschedule mode every 30 s, which adds to every detection.
@@ -88,7 +86,8 @@ class Config:
     # a Python process and a session (about a second), not a driver JVM, and its epochs run
     # warm; a killed job's server-side work is interrupted and its session released by
     # the rollback that stops it (falkirk.io.spark.release_session). Empty: every job is
-    # a Spark application of its own (spark-submit, a driver JVM each).
+    # a Spark application of its own (spark-submit, a driver JVM each). The launcher
+    # (falkirk.runtime.launcher) starts jobs and builds sessions by this choice.
     spark_remote: str = ""
     # falkirk starts the engine at ``spark_remote`` itself (falkirk.runtime.engine) when
     # nothing answers there: the embedded default, like the local broker.
@@ -96,12 +95,6 @@ class Config:
     # The engine's master and heap (its JVM hosts every job's session).
     engine_master: str = "local[2]"
     engine_memory: str = "3g"
-    # A second engine kept warm beside the one falkirk runs, which takes the engine's
-    # port when it dies (falkirk.runtime.engine, docs/engine.md): the jobs restarted after
-    # the engine's loss find one answering at once, its application started (warmed up
-    # if it had the time), not a cold start of ~8 s. It holds a second heap; measured,
-    # it did not shorten the engine-only campaign's recoveries (README).
-    engine_standby: bool = False
     # Where the engine falkirk starts keeps its log and process record (default:
     # <var_dir>/engine): one engine per machine serves sandboxes with var folders of
     # their own.
@@ -269,18 +262,6 @@ def _credentials(cfg: Config, var_dir: str) -> dict[str, str]:
     return found
 
 
-def refuse_standby_with_engine(cfg: Config, where: str) -> None:
-    """Standby drivers keep Spark driver JVMs warm for jobs that are applications of their
-    own; with an engine every job is a client of it, warm already: asking for both is a
-    mistake, refused naming ``where`` it was asked."""
-    if cfg.standby_drivers and cfg.spark_remote:
-        raise ConfigError(
-            f"{where}: standby_drivers={cfg.standby_drivers} keeps Spark driver JVMs warm "
-            f"for jobs that are applications of their own, but profile {cfg.env!r}'s jobs "
-            f"are clients of the engine at {cfg.spark_remote}, warm already "
-            "(FALKIRK_STANDBY_DRIVERS=0, or FALKIRK_SPARK_REMOTE= for applications)")
-
-
 def load(env: str | None = None) -> Config:
     """The configuration for ``env`` (default: $FALKIRK_ENV, else local)."""
     name = env or os.environ.get("FALKIRK_ENV", "local")
@@ -304,9 +285,6 @@ def load(env: str | None = None) -> Config:
             overrides[f.name] = value.lower() in ("1", "true", "yes")
         else:
             overrides[f.name] = value
-    merged = replace(cfg, **{k: v for k, v in overrides.items() if k in ("standby_drivers",
-                                                                         "spark_remote")})
-    refuse_standby_with_engine(merged, f"FALKIRK_ENV={name}")
     if cfg.storage_options:  # an object store: its credentials are never in the repository
         endpoint = os.environ.get("FALKIRK_S3_ENDPOINT")
         opts = dict(cfg.storage_options)

@@ -195,7 +195,6 @@ class Campaign:
                              proc.returncode != 0
                              or set(job_regions(self.run.pipeline, job)) & plan.affected))
         arm = arm or {}
-        warm = self._warm_standbys()
         self.run.start([j for j in restart if j not in arm])
         for job in restart:
             if job in arm:
@@ -205,10 +204,8 @@ class Campaign:
                 finally:
                     del self.run.env[CRASH_ENV]
                 self.armed[job] = arm[job]
-        took = sorted(j for j in restart if self.run.procs[j].pid in warm)
         self.say(f"rolled back {', '.join(failed)} (frontiers {plan.frontiers}); restarted "
-                 f"{', '.join(restart) or 'nothing'}"
-                 + (f" ({', '.join(took)} in a warm standby driver)" if took else ""))
+                 f"{', '.join(restart) or 'nothing'}")
         recovered, started = self._wait_recovered(plan.affected, plan.generation, restart)
         # Where the time went: noticing the death, the rollback (plan, stop, restore), the
         # restarted jobs' start (JVM, Spark session, state restored: their start row in
@@ -225,13 +222,6 @@ class Campaign:
                 k["recovery_s"] = (round(recovered - t_kill, 2)
                                    if recovered is not None else None)
                 k["parts"] = {n: round(v, 2) for n, v in parts.items()}
-                k["standby_took"] = took
-
-    def _warm_standbys(self) -> set[int]:
-        """The pids of the run's warm standby drivers (none unless the campaign keeps some)."""
-        from falkirk.runtime.standby import warm
-
-        return warm(self.run.pipeline, self.run.cfg) if self.run.cfg.standby_drivers else set()
 
     def _crash_a_rollback(self, failed: list[str], kill: dict[str, Any]) -> None:
         point = self.rng.choice(ROLLBACK_POINTS)
@@ -290,8 +280,8 @@ def outcome(kills: list[dict[str, Any]], report: dict[str, dict[str, int]],
             sent: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The figures every campaign reports: kills by target, what the outputs lost or got
     twice against the failure-free run (every message on the output topics counted), the
-    recovery percentiles, the restarts a standby took (each kill's ``standby_took``) and
-    the moved jobs that parked and resumed in their drivers (``resumed_in_place``)."""
+    recovery percentiles and the moved jobs that parked and resumed in their drivers
+    (``resumed_in_place``)."""
     recoveries = sorted(k["recovery_s"] for k in kills if k.get("recovery_s") is not None)
     by_target: dict[str, int] = {}
     for k in kills:
@@ -304,8 +294,6 @@ def outcome(kills: list[dict[str, Any]], report: dict[str, dict[str, int]],
         "changed_on_resend": sum(t["changed"] for t in sent.values()),
         "recovery_s_p50": statistics.median(recoveries) if recoveries else None,
         "recovery_s_p95": p95(recoveries),
-        # restarts in the recoveries that a warm standby driver took (--standby N)
-        "restarts_in_a_standby": sum(len(k.get("standby_took", [])) for k in kills),
         # moved jobs that parked for the rollback and resumed in their warm drivers
         "resumed_in_place": sum(len(k.get("resumed_in_place", [])) for k in kills),
         "outputs_differ": sorted(k for k, v in report.items() if v["lost"] or v["duplicated"]),
@@ -334,13 +322,12 @@ def parts_of_the_slowest(kills: list[dict[str, Any]]) -> dict[str, float]:
 
 def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
              say: Callable[[str], None],
-             golden: dict[str, Any] | None = None, cluster: bool = False,
-             standby: int = 0) -> dict[str, Any]:
+             golden: dict[str, Any] | None = None, cluster: bool = False) -> dict[str, Any]:
     """Run the campaign; its figures (see the module docstring). ``golden``: the
     failure-free run's outputs of the same input when the caller has them already (the
     tests share one), else the campaign makes that run first (on the embedded defaults).
     ``cluster``: the run under faults on the local cluster, with its infrastructure among
-    the targets. ``standby``: warm standby drivers kept to take restarted jobs."""
+    the targets."""
     import contextlib
 
     from falkirk.local.broker import LocalBroker
@@ -361,8 +348,7 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
             broker = local_cluster.ClusterKafka("reference").start()
         else:
             broker = stack.enter_context(LocalBroker(workdir / "chaos" / "broker"))
-        run = stack.enter_context(LocalRun(workdir / "chaos", broker=broker,
-                                                standby=standby))
+        run = stack.enter_context(LocalRun(workdir / "chaos", broker=broker))
         if cluster:  # a recovery there took over 5 min (JVMs, executors, S3 round trips):
             run.idle_timeout_s = 1800.0  # its readers wait for it instead of failing too
         run.generate(**data)
@@ -393,7 +379,6 @@ def campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
         "recovery_parts_s_p50": _parts_median(counted),
         "recovery_parts_s_slowest": parts_of_the_slowest(counted),
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
-        "standby_drivers": standby,
         "engines": "cluster" if cluster else "local",
         "infrastructure_faults_that_failed_a_job": sum(
             1 for k in counted if k.get("failed_a_job")),
@@ -490,20 +475,19 @@ def main(args: Namespace) -> int:
     def say(m: str) -> None:
         console.log(f"[{(time.monotonic() - t0) / 60:5.1f} min] {m}")
 
-    standby = int(getattr(args, "standby", 0) or 0)
     keep = Path(args.golden) if getattr(args, "golden", None) else None
     if getattr(args, "airflow", False):
         from falkirk_dev.chaos_airflow import airflow_campaign
 
         golden = failure_free(workdir, data, say, keep)
         result = airflow_campaign(workdir, float(args.minutes), int(args.seed), data, console,
-                                  golden, standby=standby,
+                                  golden,
                                   targets=tuple(targets.split(",")) if targets else None,
                                   every_s=getattr(args, "every", None), rate=rate)
     else:
         result = campaign(workdir, float(args.minutes), int(args.seed), data, say,
                           golden=failure_free(workdir, data, say, keep),
-                          cluster=bool(getattr(args, "cluster", False)), standby=standby)
+                          cluster=bool(getattr(args, "cluster", False)))
     summary = {k: v for k, v in result.items() if k not in ("sent", "events")}
     console.print_json(json.dumps(summary))
     if args.json:

@@ -398,11 +398,8 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     the restore, the epochs redone, the commit), over the regions it watched (the first
     epoch each committed in the generation); None for a kill without a rollback or a
     recovery. The wait may overlap the restore: the rest is then a lower bound.
-    ``standby_took``: the jobs whose restart in the recovery a warm standby driver took
-    (their start row names a process that was running before the kill);
     ``resumed_in_place``: the jobs the rollback moved back that parked in their running
     drivers and resumed there (falkirk.runtime.park: a ``resumed`` row in the recovery)."""
-    from falkirk.airflow.streams import stream_jobs
     from falkirk.runtime.procs import jobs_of
 
     if kill.get("recovery_s") is None or "generation" not in kill:
@@ -435,19 +432,12 @@ def recovery_parts(kill: dict[str, Any], records: list, job_runs: list[dict],
     since = started if started is not None else t_kill
     waited = max(0.0, (ready - since).total_seconds()) if ready is not None else 0.0
     waited = min(waited, max(0.0, total - rollback - start))
-    # a stream job whose start row names a process that ran before the kill was a
-    # standby's (a batch epoch on an engine runs in its Airflow task's process)
     end = t_kill + timedelta(seconds=total)
     within = [row for row in job_runs  # the recovery's rows of its generation or later
               if row["generation"] >= g and t_kill < row["recorded_at"] <= end]
-    streams = stream_jobs(pipeline)
-    took = sorted({row["job"] for row in within if row["status"] == "started"
-                   and row["job"] in streams
-                   and (row.get("process_started") or float("inf")) < t_kill.timestamp()})
     resumed = sorted({row["job"] for row in within if row["status"] == "resumed"})
     return {"region": last.region, "epoch": last.epoch,
-            "waited_on": waited_on if waited else None, "standby_took": took,
-            "resumed_in_place": resumed,
+            "waited_on": waited_on if waited else None, "resumed_in_place": resumed,
             "rollback_s": round(rollback, 2), "start_s": round(start, 2),
             "waited_s": round(waited, 2),
             "work_s": round(max(0.0, total - rollback - start - waited), 2)}
@@ -484,7 +474,6 @@ def _profile(kills: list[dict[str, Any]], log, pipeline,
         if (parts := recovery_parts(kill, records, runs, pipeline, input_ready)) is not None:
             kill["parts"] = {k: v for k, v in parts.items() if k.endswith("_s")}
             kill["recovered_by"] = {k: parts[k] for k in ("region", "epoch", "waited_on")}
-            kill["standby_took"] = parts["standby_took"]
             kill["resumed_in_place"] = parts["resumed_in_place"]
         elif kill["target"] == "broker":
             kill["waited_s"] = broker_wait(kill, records, pipeline, input_ready)
@@ -523,7 +512,7 @@ def _kill_group(pgid: int) -> None:
 
 
 def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, int],
-                     console, golden: dict[str, Any], standby: int = 0,
+                     console, golden: dict[str, Any],
                      targets: tuple[str, ...] | None = None, strikes: int | None = None,
                      every_s: float | None = None, mid_recovery: bool = False,
                      rate: float | None = None) -> dict[str, Any]:
@@ -546,7 +535,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
 
     demo = AirflowDemo(workdir, console, keep_airflow=False, live_checks=False, port=None,
                        timeout_s=RECOVERY_TIMEOUT_S * 3, data=data,
-                       standby=standby or None, rate=rate)
+                       rate=rate)
     demo.sandbox = workdir / "chaos-airflow"
     demo.clean()
     failed = True
@@ -603,8 +592,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
                                 if jobs else None),
         **profiled,
         "minutes": round(minutes_run, 1), "seed": seed, "input": data,
-        "standby_drivers": standby, "engines": "local", "airflow": True,
-        "park_moved_jobs": load().park_moved_jobs, "engine_standby": load().engine_standby,
+        "engines": "local", "airflow": True, "park_moved_jobs": load().park_moved_jobs,
         "strike_every_s": every_s, "input_rate": rate,
         "targets": list(targets), "spark_remote": load().spark_remote or None,
         # input records the broker stored twice (their dead letters compared as sent), and

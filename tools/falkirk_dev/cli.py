@@ -115,8 +115,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--events", type=int, default=1500, help="events of input per run")
     p.add_argument("--epochs", type=int, default=5, help="epochs of input per run")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
-    p.add_argument("--standby", type=int, default=0, metavar="N",
-                   help="keep N warm standby drivers to take the restarted jobs (default 0)")
     p.set_defaults(func=cmd_trials)
 
     p = sub.add_parser("chaos", help="fault campaign: one long run, killing jobs, rollbacks "
@@ -146,8 +144,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "pipeline runs, as a live source would (default: all of it before "
                         "the pipeline starts, a backlog to drain); a recovery's wait for "
                         "records not produced yet is counted apart")
-    p.add_argument("--standby", type=int, default=0, metavar="N",
-                   help="keep N warm standby drivers to take the restarted jobs (default 0)")
     p.add_argument("--targets", metavar="T,T",
                    help="with --airflow: what to break, of job, scheduler, broker, engine "
                         "(default: all four; the engine when the profile runs one)")

@@ -46,9 +46,8 @@ class LocalRun(BaseRun):
     """One sandboxed run of a pipeline under ``root``, with the reference input and the
     outputs read back for comparison."""
 
-    def __init__(self, root: Path, pipeline: str | Path = "reference", broker=None,
-                 standby: int | None = None):
-        super().__init__(root, pipeline, broker, standby)
+    def __init__(self, root: Path, pipeline: str | Path = "reference", broker=None):
+        super().__init__(root, pipeline, broker)
 
     # -- input --------------------------------------------------------------------------
 

@@ -319,13 +319,9 @@ def kill_and_recover(run, trial: Trial, data: dict[str, int],
     restart = sorted(job for job, proc in run.procs.items()
                      if proc.poll() is not None
                      and (proc.returncode != 0 or set(job_regions(run.pipeline, job)) & affected))
-    warm = _ready_standbys(run, bool(restart)) if run.cfg.standby_drivers else set()
     if restart:
         run.start(restart)
     t_restarted = time.monotonic()
-    if run.cfg.standby_drivers:  # which restarted jobs a warm driver took
-        out["standby"] = {"ready": sorted(warm), "took": {
-            job: run.procs[job].pid for job in restart if run.procs[job].pid in warm}}
     say(f"rollback {plan.rollback_id} done; restarted {', '.join(restart) or 'nothing'}")
     out.update(rollback_id=plan.rollback_id, frontiers=plan.frontiers, restarted=restart,
                resumed=plan.rollback_id == out.get("crashed_rollback_id"))
@@ -335,17 +331,6 @@ def kill_and_recover(run, trial: Trial, data: dict[str, int],
                redone_s=redone_after(run, trial.region, out["killed_in_epoch"], kill_wall),
                finish_s=round(t_done - t_kill, 2))
     return out
-
-
-def _ready_standbys(run, needed: bool) -> set[int]:
-    """The pids of the warm standbys (waiting for one first when a job is to restart: the
-    trial measures a recovery the standby was made for, not its own start)."""
-    from falkirk.runtime.standby import warm
-
-    if needed:
-        run.wait_for(lambda: bool(warm(run.pipeline, run.cfg)), WAIT_MOMENT_S,
-                     "a warm standby driver", set(run.failed_jobs()))  # the dead wait too
-    return warm(run.pipeline, run.cfg)
 
 
 def redone_after(run, region: str, epoch: int | None, kill_wall: float) -> float | None:
@@ -369,7 +354,7 @@ def redone_after(run, region: str, epoch: int | None, kill_wall: float) -> float
 
 
 def run_trial(trial: Trial, root: Path, data: dict[str, int], golden: dict[str, Any],
-              say: Callable[[str], None], standby: int = 0) -> dict[str, Any]:
+              say: Callable[[str], None]) -> dict[str, Any]:
     """One trial in its own sandbox; its row of the report (``ok`` false if anything
     differs or broke; ``error`` then says what broke)."""
     from falkirk_dev.harness import LocalRun, compare
@@ -378,7 +363,7 @@ def run_trial(trial: Trial, root: Path, data: dict[str, int], golden: dict[str, 
                               "tables_differ": [], "sandbox": str(root)}
     t0 = time.monotonic()
     try:
-        with LocalRun(root, standby=standby) as run:
+        with LocalRun(root) as run:
             run.generate(**data)
             result.update(kill_and_recover(run, trial, data, say))
             report = compare(golden, run.outputs())
@@ -524,8 +509,7 @@ def main(args: Namespace, golden: dict[str, Any] | None = None) -> int:
                 progress.console.log(f"[dim]{_label}:[/] {msg}")
 
             root = workdir / f"trial-{trial.index:03d}"
-            r = run_trial(trial, root, data, golden, say,
-                          standby=int(getattr(args, "standby", 0) or 0))
+            r = run_trial(trial, root, data, golden, say)
             results.append(r)
             if r["ok"]:
                 shutil.rmtree(root, ignore_errors=True)

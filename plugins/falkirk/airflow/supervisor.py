@@ -138,20 +138,11 @@ WATCH_INTERVAL_S = 1.0
 def dead_or_finished(pipeline: Pipeline, epoch_log: EpochLog | None = None
                      ) -> dict[str, list[str]]:
     """One look at the stream jobs: the dead ones (job -> regions), or {} while they run.
-    Pauses by a rollback run are not deaths. When every stream job has finished because its
-    input ended, the pipeline's standby drivers are stopped: nothing is left for them.
-    ``epoch_log``: the watch's own, kept across its looks."""
+    Pauses by a rollback run are not deaths. ``epoch_log``: the watch's own, kept across
+    its looks."""
     running = procs.running(pipeline)  # one read of the pid files for this look
-    dead = with_the_engines_jobs(pipeline, streams.dead_jobs(pipeline, epoch_log=epoch_log),
+    return with_the_engines_jobs(pipeline, streams.dead_jobs(pipeline, epoch_log=epoch_log),
                                  running)
-    if not dead and not running and not streams.pause_marker(pipeline).exists():
-        from falkirk.runtime import standby
-
-        stopped = standby.stop_all(pipeline)
-        if stopped:
-            log.info("every stream job finished: its input ended (pause the DAG to stop "
-                     "supervising); standby drivers stopped: %s", stopped)
-    return dead
 
 
 def with_the_engines_jobs(pipeline: Pipeline, dead: dict[str, list[str]],
@@ -161,20 +152,15 @@ def with_the_engines_jobs(pipeline: Pipeline, dead: dict[str, list[str]],
     fence watch finds the engine gone within seconds). One rollback then recovers them
     all, instead of one per job as each one's death is seen. The engine's death is a
     death of its jobs even before any of them exits: the watch does not wait for their
-    fence watches' three looks. With a standby engine the port answers again within a
-    second: the jobs started before the standby took it over ran on the dead one.
-    ``running``: the live job processes, when the caller has just read them."""
-    from falkirk.runtime.engine import serving_since
+    fence watches' three looks. ``running``: the live job processes, when the caller has
+    just read them."""
     from falkirk.runtime.launcher import launcher
 
     running = procs.running(pipeline) if running is None else running
     if not dead and (not running or streams.pause_marker(pipeline).exists()):
         return dead  # nothing runs, or a rollback run paused the jobs: it restarts them
     if not launcher().engine_died():
-        since = serving_since()
-        if since is None:
-            return dead
-        running = [info for info in running if info.get("started", since) < since]
+        return dead
     mine = streams.stream_jobs(pipeline)
     return {**{info["job"]: mine[info["job"]] for info in running if info["job"] in mine},
             **dead}

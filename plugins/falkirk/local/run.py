@@ -1,5 +1,7 @@
 """A local run of a whole pipeline on the embedded defaults: its own Kafka broker (KRaft),
-lake and process folders under one root; every job is its own process (spark-submit).
+lake and process folders under one root; every job is its own process, started as the
+profile's launcher starts a driver (falkirk.runtime.launcher: a client of the engine, or
+spark-submit).
 
 ``falkirk run <dir>`` uses it; so do the dev tools (the test harness, trials, chaos, the
 demo), which add input generation, kills and output comparison on top.
@@ -18,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from falkirk.config import Config, load, refuse_standby_with_engine
+from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
 from falkirk.log.epochlog import EpochLog
 from falkirk.model.topology import Pipeline, load_pipeline
@@ -33,8 +35,7 @@ class LocalRunError(FalkirkError):
 class LocalRun:
     """One sandboxed run of a pipeline under ``root``."""
 
-    def __init__(self, root: Path, pipeline: str | Path, broker=None, standby: int | None = None):
-        self.standby = standby  # warm standby drivers to keep (None: the profile's)
+    def __init__(self, root: Path, pipeline: str | Path, broker=None):
         self.root = Path(root).resolve()  # jobs run elsewhere: no relative lake paths
         self.pipeline: Pipeline = load_pipeline(pipeline)
         self._own_broker = broker is None
@@ -51,9 +52,6 @@ class LocalRun:
         from falkirk.local.broker import LocalBroker
 
         cfg = load()
-        if self.standby is not None:  # refused before anything starts
-            cfg = replace(cfg, standby_drivers=self.standby)
-            refuse_standby_with_engine(cfg, f"LocalRun(standby={self.standby})")
         self.root.mkdir(parents=True, exist_ok=True)
         if self.broker is None:
             self.broker = LocalBroker(self.root / "broker")
@@ -63,8 +61,6 @@ class LocalRun:
                                    kafka_bootstrap=self.broker.bootstrap)
         self.env = {"FALKIRK_LAKE": self.cfg.lake, "FALKIRK_VAR_DIR": self.cfg.var_dir,
                     "FALKIRK_KAFKA_BOOTSTRAP": self.cfg.kafka_bootstrap}
-        if self.standby is not None:  # for what starts jobs outside this process too
-            self.env["FALKIRK_STANDBY_DRIVERS"] = str(self.standby)
         if self.cfg.storage_options:  # the jobs' var_dir is the run's: hand them the
             # object store's credentials the way a scheduler would, in the environment
             from falkirk.config import SECRET_OPTIONS
@@ -204,9 +200,6 @@ class LocalRun:
         return row is not None and row.status == "running"
 
     def stop_all(self) -> None:
-        from falkirk.runtime.standby import stop_all
-
-        stop_all(self.pipeline, self.cfg)
         for job in list(self.procs):
             if self.procs[job].poll() is None:
                 self.kill(job)

@@ -17,14 +17,12 @@ others' small ones.
 job (or a session) starts the engine (:func:`ensure`), once per machine (a file lock),
 in a session of its own that outlives the starter, as an operator would start any
 server. ``falkirk engine stop`` stops it. :class:`LocalEngine` runs one for a sandbox (the
-test suite, the demo, the campaigns), which stops it when done.
+test suite, the demo, the campaigns), which stops it when done. Who starts it is the
+launcher (falkirk.runtime.launcher), the one place a job's driver starts.
 
-``Config.engine_standby``: a second engine waits beside it (:func:`serve_standby`), its
-Spark application started and warmed up at a low priority, its Connect service not yet
-bound. When the engine dies the standby binds the engine's port, so clients keep their
-URL, and records itself as the engine; whoever then calls :func:`ensure` starts the next
-standby. A job tells a replaced engine from its own by the record's process
-(:func:`serving`): its session died with the old one.
+A job tells an engine started again in the meantime (by someone's :func:`ensure`, on the
+same port) from its own by the recorded process (:func:`serving`): its session died with
+the old one.
 """
 
 from __future__ import annotations
@@ -55,7 +53,6 @@ from falkirk.runtime.procs import (
 STARTUP_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-STANDBY_RECORD = "standby.json"  # the standby engine's process, while it waits
 # Every job's Spark jobs go to the default pool, which Spark schedules FIFO unless told:
 # a job's long stage would then hold every other job's small ones.
 FAIR_POOLS = """<?xml version="1.0"?>
@@ -181,8 +178,6 @@ class LocalEngine:
             if answering(self.remote):
                 write_whole(self.record, {**json.loads(self.record.read_text()),
                                           "serving": time.time()})
-                if self.cfg.engine_standby:
-                    keep_standby(self.cfg, self.folder, self.port)
                 return self
             time.sleep(0.2)
         self.kill()
@@ -197,12 +192,8 @@ class LocalEngine:
             return "(no log)"
 
     def stop(self) -> None:
-        """SIGTERM (Spark stops its context), then SIGKILL what is left; and the standby
-        of its folder (first: it would take the port), or the standby that took its
-        place."""
-        standby = _recorded(self.folder, STANDBY_RECORD)
-        if standby is not None:
-            stop_group(standby["pgid"])
+        """SIGTERM (Spark stops its context), then SIGKILL what is left; and the engine
+        recorded in its folder, if another process serves there now."""
         if self._proc is not None:
             stop_group(self._proc.pid)
             self._proc = None
@@ -258,8 +249,6 @@ def ensure(cfg: Config | None = None) -> None:
         return
     host, port = address(cfg.spark_remote)
     if answering(cfg.spark_remote):
-        if cfg.engine_standby and cfg.local_engine:  # the standby that took over left none
-            keep_standby(cfg, folder(cfg), port)
         return
     if not cfg.local_engine or host not in ("127.0.0.1", "localhost"):
         raise EngineError(f"no Spark Connect server answers at {cfg.spark_remote} "
@@ -271,17 +260,12 @@ def ensure(cfg: Config | None = None) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if answering(cfg.spark_remote):  # another starter was first
             return
-        # started, not answering yet (an engine, or the standby taking its port): wait
-        for record in ("engine.json", STANDBY_RECORD):
-            running = _recorded(where, record)
-            if running is None:
-                continue
+        running = _recorded(where)  # started, not answering yet: wait for it
+        if running is not None:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while time.monotonic() < deadline and is_process(running["pid"],
                                                               running["process_started"]):
                 if answering(cfg.spark_remote):
-                    if cfg.engine_standby:
-                        keep_standby(cfg, where, port)
                     return
                 time.sleep(0.2)
             stop_group(running["pgid"])
@@ -290,107 +274,11 @@ def ensure(cfg: Config | None = None) -> None:
 
 def serving(cfg: Config | None = None) -> tuple[int, float] | None:
     """The process recorded serving as this machine's engine, ``(pid, its start time)``,
-    or None: a client whose engine became another process has lost its session."""
-    info = _serving_record(cfg or load())
+    or None: a client whose engine became another process has lost its session. Only for
+    a profile whose engine falkirk runs."""
+    cfg = cfg or load()
+    info = _recorded(folder(cfg)) if cfg.local_engine and cfg.spark_remote else None
     return None if info is None else (info["pid"], info["process_started"])
-
-
-def serving_since(cfg: Config | None = None) -> float | None:
-    """When the engine recorded now began to serve, if a standby took over the port
-    (None otherwise): a job started before that ran on the engine that died."""
-    info = _serving_record(cfg or load())
-    return info.get("serving") if info is not None and info.get("took_over") else None
-
-
-def _serving_record(cfg: Config) -> dict | None:
-    """The live engine recorded for a profile whose engine falkirk runs, else None."""
-    return _recorded(folder(cfg)) if cfg.local_engine and cfg.spark_remote else None
-
-
-def keep_standby(cfg: Config, where: Path, port: int) -> int | None:
-    """Start a standby engine for the engine on ``port`` unless one lives; its pid."""
-    from falkirk.io.spark import driver_env
-    from falkirk.runtime import procs
-
-    where.mkdir(parents=True, exist_ok=True)
-    with open(where / "standby.lock", "w") as lock:  # one spawner at a time
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _recorded(where, STANDBY_RECORD) is not None:
-            return None
-        env = dict(os.environ)
-        driver_env(env, cfg)  # a Connect client's mark would stop it starting a JVM
-        with open(where / "standby.log", "ab") as out:
-            out.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} standby for port "
-                      f"{port}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "falkirk.runtime.engine", "--folder", str(where),
-                 "--port", str(port)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
-                preexec_fn=procs.lower_priority if procs.may_lower_priority() else None)
-        threading.Thread(target=proc.wait, name="falkirk-standby-reaper",
-                         daemon=True).start()
-        write_whole(where / STANDBY_RECORD, {"pid": proc.pid, "pgid": proc.pid,
-                                             "port": port, "started": time.time(),
-                                             "process_started": process_started(proc.pid)})
-        return proc.pid
-
-
-def _port_free(port: int) -> bool:
-    """Nothing holds ``port`` on loopback (the engine that had it is gone)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def serve_standby(where: Path, port: int, poll_s: float = 0.1) -> None:
-    """The standby's life: start the engine's Spark application without its Connect
-    service, warm it up, wait until the engine's port is free, then serve there at the
-    normal priority as the recorded engine (never returns while it serves)."""
-    from pyspark.sql import SparkSession
-
-    from falkirk.runtime import procs
-    from falkirk.runtime.standby import warm_up_delta
-
-    cfg = load()
-    me = os.getpgrp()
-    builder = SparkSession.builder.config("spark.ui.showConsoleProgress", "false")
-    for k, v in engine_conf(cfg, "127.0.0.1", port, where).items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-
-    def warm() -> None:  # beside the wait: an engine dying meanwhile is taken over at once
-        t = time.monotonic()
-        try:
-            warm_up_delta(spark, str(where / f"warm-up-{me}"))
-        except Exception as exc:  # noqa: BLE001 - a cold standby is still a started one
-            print(f"standby {me}: warm-up failed: {exc}", file=sys.stderr, flush=True)
-            return
-        print(f"standby {me}: warm in {time.monotonic() - t:.1f} s", file=sys.stderr,
-              flush=True)
-
-    if not _port_free(port):
-        threading.Thread(target=warm, name="falkirk-standby-warm-up", daemon=True).start()
-    while not _port_free(port):
-        time.sleep(poll_s)
-    procs.set_group_priority(me, 0)
-    jvm = spark.sparkContext._jvm
-    jvm.org.apache.spark.sql.connect.service.SparkConnectService.start(
-        spark.sparkContext._jsc.sc())
-    write_whole(where / "engine.json", {
-        "pid": me, "pgid": me, "port": port, "remote": f"sc://127.0.0.1:{port}",
-        "process_started": process_started(me), "started": time.time(),
-        "serving": time.time(), "took_over": True})
-    (where / STANDBY_RECORD).unlink(missing_ok=True)
-    print(f"standby {me}: serving on port {port}", file=sys.stderr, flush=True)
-    threading.Event().wait()
 
 
 def died(cfg: Config | None = None) -> bool:
@@ -402,10 +290,10 @@ def died(cfg: Config | None = None) -> bool:
             and not answering(cfg.spark_remote))
 
 
-def _recorded(where: Path, record: str = "engine.json") -> dict | None:
-    """The engine (or standby) process recorded in ``where`` while it runs, else None."""
+def _recorded(where: Path) -> dict | None:
+    """The engine process recorded in ``where`` while it runs, else None."""
     try:
-        info = json.loads((where / record).read_text())
+        info = json.loads((where / "engine.json").read_text())
     except (OSError, ValueError):
         return None
     return info if is_process(info.get("pid"), info.get("process_started")) else None
@@ -415,9 +303,6 @@ def stop_local(cfg: Config | None = None) -> bool:
     """Stop the engine :func:`ensure` started under this config's ``var_dir``; whether
     one ran."""
     cfg = cfg or load()
-    standby = _recorded(folder(cfg), STANDBY_RECORD)
-    if standby is not None:  # first, or it would take the port
-        stop_group(standby["pgid"])
     info = _recorded(folder(cfg))
     if info is None:
         return False
@@ -441,20 +326,8 @@ def status(cfg: Config | None = None) -> dict:
     """Where the engine should be, whether it answers, and its recorded process."""
     cfg = cfg or load()
     info = _recorded(folder(cfg)) if cfg.spark_remote else None
-    standby = _recorded(folder(cfg), STANDBY_RECORD) if cfg.spark_remote else None
     return {"remote": cfg.spark_remote or None, "local_engine": cfg.local_engine,
             "answering": bool(cfg.spark_remote) and answering(cfg.spark_remote),
             "pid": None if info is None else info["pid"],
-            "took_over_from_a_standby": bool(info and info.get("took_over")),
-            "standby_pid": None if standby is None else standby["pid"],
             "log": str(folder(cfg) / "engine.log")}
 
-
-if __name__ == "__main__":
-    import argparse
-
-    _args = argparse.ArgumentParser(description="A standby engine (Config.engine_standby).")
-    _args.add_argument("--folder", required=True)
-    _args.add_argument("--port", type=int, required=True)
-    _parsed = _args.parse_args()
-    serve_standby(Path(_parsed.folder), _parsed.port)

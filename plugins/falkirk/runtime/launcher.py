@@ -203,22 +203,10 @@ def start_job(pipeline: Pipeline, job: str, args: list[str] | None = None,
               ) -> subprocess.Popen:
     """Start a job in its own process group, as its profile's launcher starts a driver;
     its output goes to var/log/<pipeline>-<job>.log, and its process (and engine session)
-    is recorded for the stops (falkirk.runtime.procs).
-
-    With ``cfg.standby_drivers`` (a driver of its own) the job goes to a warm standby
-    driver when one is ready (falkirk.runtime.standby), and a new standby is spawned to
-    take the next one.
-    """
+    is recorded for the stops (falkirk.runtime.procs)."""
     cfg = cfg or load()
     launch = launcher(cfg)
     argv = ["--pipeline", pipeline.source or pipeline.name, *(args or [])]
-    if cfg.standby_drivers and not launch.client:
-        from falkirk.runtime import standby
-
-        handed = standby.hand_over(pipeline, job, argv, cfg, env)
-        standby.replenish(pipeline, cfg, env)
-        if handed is not None:
-            return handed  # type: ignore[return-value] - Popen's poll, wait, pid, returncode
     path = procs.log_file(pipeline, job, cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     given = launch.prepare(pipeline, job)

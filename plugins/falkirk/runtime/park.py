@@ -76,7 +76,8 @@ class FenceWatch:
         self.spark, self.interval_s, self.engine = spark, interval_s, engine
         self.on_engine_lost = on_engine_lost
         # the engine's process as recorded now (falkirk.runtime.engine.serving): another
-        # one serving later (a standby took the port) has none of this job's session
+        # one serving later (the engine started again on its port) has none of this job's
+        # session
         self.engine_process = engine_process
         self._serving = engine_process() if engine_process is not None else None
         self.fenced: int | None = None  # the generation that fenced us
@@ -104,8 +105,8 @@ class FenceWatch:
                 replaced = None not in (now, self._serving) and now != self._serving
                 if self._unanswered >= self.ENGINE_LOOKS or replaced:
                     log.error("the Spark engine at %s %s: %s's session is gone with it",
-                              self.engine, "is another process now (a standby took its "
-                              "place)" if replaced else "does not answer",
+                              self.engine, "is another process now (started again)"
+                              if replaced else "does not answer",
                               "+".join(self.regions))
                     self.engine_lost = True
                     if self.on_engine_lost is not None:

@@ -8,7 +8,6 @@ supervisor can tell a dead region from a slow one.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -160,45 +159,6 @@ def _live_with(field: int, value: int) -> list[int]:
         if len(fields) > field and int(fields[field]) == value and fields[0] not in ("Z", "X"):
             members.append(int(entry.name))
     return members
-
-
-#: The nice value a standby driver starts and warms up at (falkirk.runtime.standby): the
-#: running jobs keep the CPU (2 cores) and it gets what they leave.
-WARM_UP_NICE = 10
-
-
-def may_lower_priority() -> bool:
-    """Only a process allowed to raise its priority again (root: CAP_SYS_NICE) lowers it
-    for a warm-up: the job that follows must not stay behind the others."""
-    return os.geteuid() == 0
-
-
-def lower_priority() -> None:
-    """In a new session, before a standby (a driver, an engine) starts its JVM: the
-    running jobs keep the CPU while it starts and warms up (the session's autogroup too:
-    see :func:`set_group_priority`). A ``preexec_fn``."""
-    os.nice(WARM_UP_NICE)
-    with contextlib.suppress(OSError):
-        Path("/proc/self/autogroup").write_text(str(WARM_UP_NICE))
-
-
-def set_group_priority(pgid: int, nice: int) -> None:
-    """Every thread of process group ``pgid`` (a job started in a session of its own), and
-    its session's autogroup, to ``nice``.
-
-    A thread's nice value is its own on Linux (the JVM's threads each). With the kernel's
-    autogroups on (``/proc/sys/kernel/sched_autogroup_enabled``), it only ranks a thread
-    among its own session's: a session's share of the CPU against other sessions is its
-    autogroup's nice value (sched(7)). Measured here: four CPU-bound processes in sessions
-    of their own, two of them niced by 10, got equal shares; with their autogroups niced,
-    720 against 76 ticks in 4 s. A process that is gone, or a change not allowed, is left
-    as it is."""
-    for pid in group_members(pgid):
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-    with contextlib.suppress(OSError):  # no autogroups: the threads' values do it
-        Path(f"/proc/{pgid}/autogroup").write_text(str(nice))
 
 
 def free_port() -> int:

@@ -1,14 +1,12 @@
 """A driver's start: cold without and with the class-data archive (falkirk.io.classdata),
-handed to a warm standby driver (falkirk.runtime.standby), and a client of the Spark
-Connect engine (falkirk.runtime.engine: a job's start as the local profile runs it).
+and a client of the Spark Connect engine (falkirk.runtime.engine: a job's start as the
+local profile runs it), each started as the launcher starts a job
+(falkirk.runtime.launcher).
 
 What a restarted job pays before its first commit: spark-submit, the JVM, the Spark
-session, then its first Delta epoch (written, read back, aggregated) in a cold JVM. A
-warm standby has paid the first three and warmed up before the job exists: its figure
-runs from the hand-over. Each round runs one driver of each variant, rotating which goes
-first, with nothing else of falkirk running but the standby's sandbox (the reference
-pipeline's broker and input, which its warm-up reads); the standby is spawned and warmed
-outside the timed part. The ratios are taken within the run (the machine is shared).
+session, then its first Delta epoch (written, read back, aggregated) in a cold JVM. Each
+round runs one driver of each variant, rotating which goes first, with nothing else of
+falkirk running. The ratios are taken within the run (the machine is shared).
 
 Run: ``falkirk bench driver [--rounds 3] [--json F]`` (``falkirk jars`` must have trained
 the archive).
@@ -26,7 +24,7 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-VARIANTS = ("without archive", "with archive", "warm standby", "engine client")
+VARIANTS = ("without archive", "with archive", "engine client")
 
 # Run by spark-submit: the session (its JVM already started with the variant's options),
 # then one epoch; prints monotonic times (one clock for every process on Linux) and RSS.
@@ -86,43 +84,11 @@ def _driver_line(text: str) -> dict[str, float] | None:
     return None if line is None else json.loads(line.removeprefix("DRIVER "))
 
 
-def one_standby(run, scratch: Path) -> dict[str, float]:
-    """The same driver handed to a standby of ``run``'s pipeline, once it is warm."""
-    from falkirk.runtime import procs, standby
-
-    script = scratch / "driver.py"
-    script.write_text(DRIVER)
-    table = scratch / f"t-{time.time_ns()}"
-    spawned = time.monotonic()
-    standby.spawn(run.pipeline, run.cfg, run.env)
-    while not standby.warm(run.pipeline, run.cfg):
-        if time.monotonic() - spawned > 900:
-            raise SystemExit(f"no standby warm after 900 s; see "
-                             f"{procs.log_file(run.pipeline, 'standby', run.cfg)}")
-        time.sleep(0.2)
-    warm = time.monotonic()
-    log = procs.log_file(run.pipeline, str(script), run.cfg)
-    log.unlink(missing_ok=True)
-    started = time.monotonic()
-    handle = standby.hand_over(run.pipeline, str(script), [str(table)], run.cfg, run.env)
-    if handle is None:
-        raise SystemExit("the warm standby was not handed the driver")
-    code = handle.wait(900)
-    ended = time.monotonic()
-    got = _driver_line(log.read_text())
-    if code != 0 or got is None:
-        raise SystemExit(f"the bench driver failed in the standby (exit {code}); see {log}")
-    return {"session_s": got["ready"] - started, "first_epoch_s": got["done"] - got["ready"],
-            "until_first_epoch_s": got["done"] - started, "process_s": ended - started,
-            "rss_mb": got["rss_mb"], "standby_warm_up_s": warm - spawned}
-
-
 def main(args: Namespace) -> dict:
     from rich.console import Console
 
     from falkirk.config import load
     from falkirk.io.classdata import archive, java_options
-    from falkirk_dev.harness import LocalRun
 
     console = Console()
     cfg = load()
@@ -131,18 +97,15 @@ def main(args: Namespace) -> dict:
                          f"{archive(cfg)}): run falkirk jars first")
     rounds = int(args.rounds or 3)
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    with tempfile.TemporaryDirectory(prefix="falkirk-bench-driver-") as tmp, \
-            LocalRun(Path(tmp) / "sandbox") as run:
-        run.generate(events=600, epochs=2)  # topics with records for the warm-up to read
+    with tempfile.TemporaryDirectory(prefix="falkirk-bench-driver-") as tmp:
         with console.status("the engine, warmed by a client (not timed)…"):
             one_driver(None, Path(tmp))
         for rnd in range(rounds):
             turn = rnd % len(VARIANTS)
             for variant in VARIANTS[turn:] + VARIANTS[:turn]:
                 with console.status(f"round {rnd + 1}/{rounds}: a driver {variant}…"):
-                    got = (one_standby(run, Path(tmp)) if variant == "warm standby"
-                           else one_driver(None if variant == "engine client"
-                                           else variant == "with archive", Path(tmp)))
+                    got = one_driver(None if variant == "engine client"
+                                     else variant == "with archive", Path(tmp))
                 runs[variant].append(got)
                 console.print(f"round {rnd + 1}: {variant}: session {got['session_s']:.1f} s, "
                               f"first epoch {got['first_epoch_s']:.1f} s, JVM RSS "
@@ -153,13 +116,11 @@ def main(args: Namespace) -> dict:
         return medians[variant]["until_first_epoch_s"]
 
     ratio = until("with archive") / until("without archive")
-    standby_ratio = until("warm standby") / until("with archive")
     client_ratio = until("engine client") / until("with archive")
     out = {"profile": cfg.env, "rounds": rounds, "archive": str(archive(cfg)),
            "archive_mb": round(archive(cfg).stat().st_size / 2**20),
            "medians": {v: {k: round(x, 2) for k, x in m.items()} for v, m in medians.items()},
            "until_first_epoch_ratio": round(ratio, 3),
-           "standby_until_first_epoch_ratio": round(standby_ratio, 3),
            "engine_client_until_first_epoch_ratio": round(client_ratio, 3), "runs": runs,
            "date": time.strftime("%Y-%m-%d")}
     for v in VARIANTS:
@@ -167,10 +128,9 @@ def main(args: Namespace) -> dict:
         console.print(f"{v:16} median: session {m['session_s']:5.1f} s, first epoch "
                       f"{m['first_epoch_s']:5.1f} s, until it {m['until_first_epoch_s']:5.1f} s, "
                       f"JVM RSS {m['rss_mb']:,.0f} MB")
-    console.print(f"with/without archive, until the first epoch: {ratio:.2f}×; warm "
-                  f"standby/cold with archive: {standby_ratio:.2f}×; a client of the "
-                  f"engine/cold with archive: {client_ratio:.2f}× (its RSS: the client's "
-                  "Python; the engine's JVM is shared)")
+    console.print(f"with/without archive, until the first epoch: {ratio:.2f}×; a client "
+                  f"of the engine/cold with archive: {client_ratio:.2f}× (its RSS: the "
+                  "client's Python; the engine's JVM is shared)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

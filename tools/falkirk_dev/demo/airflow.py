@@ -165,7 +165,7 @@ class AirflowDemo:
     def __init__(self, root: Path, console, keep_airflow: bool, live_checks: bool,
                  port: int | None, timeout_s: float, cluster: bool = False,
                  cluster_broker=None, data: dict[str, int] | None = None,
-                 standby: int | None = None, rate: float | None = None):
+                 rate: float | None = None):
         self.root = root
         self.cluster = cluster  # on bin/cluster up's engines, with the CeleryExecutor
         self.cluster_broker = cluster_broker  # its Kafka (ClusterKafka) when on it
@@ -178,7 +178,6 @@ class AirflowDemo:
         self.timeout_s = timeout_s
         self.input = data or DEMO_INPUT  # the generator's options (the fault campaign's)
         self.epochs = self.input["epochs"]
-        self.standby = standby  # warm standby drivers the supervisor keeps (None: none)
         self.rate = rate  # records/s of input produced while it runs (None: all at first)
         self.steady = None  # its SteadyInput
         self.t0 = time.monotonic()
@@ -260,7 +259,7 @@ class AirflowDemo:
         from falkirk_dev.harness import LocalRun
 
         self.broker = (self.cluster_broker or LocalBroker(self.sandbox / "broker")).start()
-        self.run = LocalRun(self.sandbox, broker=self.broker, standby=self.standby).__enter__()
+        self.run = LocalRun(self.sandbox, broker=self.broker).__enter__()
         if self.rate is None:
             info, how = self.run.generate(**self.input), "input generated"
         else:
@@ -713,7 +712,7 @@ class AirflowDemo:
         if self.run is not None:
             for info in procs.running(self.run.pipeline, self.run.cfg):
                 procs.stop_group(info["pgid"], timeout_s=10)
-            self.run.stop_all()  # its standby drivers, if it kept any
+            self.run.stop_all()  # the jobs it started itself
         if self.broker is not None:
             self.broker.stop()
         if not self.keep_airflow and self.run is not None and not self.engine_was_up:
