@@ -138,6 +138,10 @@ def test_the_rollback_dag_after_a_killed_region_ends_like_the_failure_free_run(
             time.sleep(2)
         assert_ranges_tile_the_input(run)
         assert_same(golden, run.outputs())
+        # communities recovered (restored from its checkpoint of epoch 2) and, once caught
+        # up, checkpointed its last epoch: a next kill would not redo the same epochs
+        row = run.log.regions(run.pipeline)["communities"].entries[(EPOCHS - 1, float("inf"))]
+        assert row.state_ref == f"checkpoint:{EPOCHS - 1}" and "caught up" in row.note, row
 
 
 def test_the_golden_run_conserves_events_purchases_and_queries(golden, spark):

@@ -120,10 +120,17 @@ class JobRunner:
         self.state_frames: dict[str, Any] = {}  # region -> its state at its last checkpoint
         # region -> when it last checkpointed or was restored (checkpoint_seconds)
         self.checkpointed_at: dict[str, float] = dict.fromkeys(self.regions, time.monotonic())
+        # region -> epochs it processed since it was restored from a checkpoint (a restart,
+        # a rollback) without checkpointing: such a region checkpoints once it has caught
+        # up, so repeated kills cannot keep it redoing the same epochs (FLIP-76's lesson:
+        # recovery must guarantee progress). None: not recovering.
+        self.unsaved: dict[str, int | None] = dict.fromkeys(self.regions)
         self.checkpoints: dict[str, Any] = {}
         for r in self.regions:
             if pipeline.regions[r].keeps_state:
                 self._restore_state(r, logs[r])
+                if self.done[r] >= 0:
+                    self.unsaved[r] = 0
         self.inputs: dict[str, InputConnector] = {
             e.name: input_for(self.wiring, e, self.done[e.dst])
             for r in self.regions for e in pipeline.in_edges(r) if not self.internal(e)}
@@ -191,6 +198,8 @@ class JobRunner:
                     f"{self.cfg.spark_remote} stopped answering before epoch {e}; the job's "
                     "session (its state) is gone with it")
             ready = self._ready(e, until_epoch)
+            if ready is ENDED or ready is WAIT:
+                self._checkpoint_caught_up()
             if ready is ENDED:  # the input ended: nothing more will come
                 self._record_end(e - 1)
                 break
@@ -312,6 +321,9 @@ class JobRunner:
             self.log.record(*rows)
         for r in active:
             self.done[r] = epochs[-1]
+            if self.unsaved[r] is not None:  # recovering: saved at last, or one more
+                saved = (r, epochs[-1]) in state_refs
+                self.unsaved[r] = None if saved else self.unsaved[r] + len(epochs)
         t = self._spent("epoch log", t)
         self.logic.finish_epoch(ctx)
         self._spent("finish", t)
@@ -345,6 +357,38 @@ class JobRunner:
                  seconds, jobs, work_unit(self.spark),
                  epoch_profile(self.profile, profile_before, self.spark_jobs,
                                jobs_before_phase))
+
+    def _checkpoint_caught_up(self) -> None:
+        """A stateful region that processed epochs since it (re)started and has not
+        checkpointed since, and has now caught up with its input, checkpoints its state as
+        of its last epoch: the next restart starts from here, not from where it was
+        restored (its epoch log row becomes ``checkpointed``, its outputs unchanged)."""
+        if not self.persist:
+            return
+        waiting = [r for r, n in self.unsaved.items() if n and self.done[r] >= 0]
+        if not waiting:
+            return
+        logs = self.log.regions(self.pipeline)
+        refs: dict[tuple[str, int], str] = {}
+        rows = []
+        for r in waiting:
+            e = self.done[r]
+            row = self.wiring.row(r, e, logs)
+            latest = self.checkpoint_store(r).latest()
+            if row is None or row.status not in ("committed", "checkpointed") \
+                    or row.state_ref is not None or (latest is not None and latest >= e):
+                self.unsaved[r] = None
+                continue
+            self._checkpoint(r, [(e, self.state[r])], refs)
+            rows.append(EpochRecord(self.pipeline.name, r, row.time, self.generation,
+                                    "checkpointed", inputs=row.inputs, outputs=row.outputs,
+                                    state_ref=refs[(r, e)],
+                                    note=f"pid {os.getpid()}: caught up"))
+            self.unsaved[r] = None
+            log.info("region %s caught up: checkpointed its state as of epoch %d", r, e)
+        if rows:
+            self._check_fence(rows[-1].epoch)
+            self.log.record(*rows)
 
     def _due(self, region: str, epochs: list[int]) -> list[int]:
         """The epochs whose state the region checkpoints, as its regime says (by time: the
