@@ -101,8 +101,8 @@ def job_regions(pipeline: Pipeline, job: str) -> list[str]:
 def delta_writes(pipeline: Pipeline, job: str) -> list[tuple[str, str]]:
     """(region, table) in the order a job's epoch reaches ``writer:before-commit``: its
     regions' tables (sorted by region, each once), then their dead-letter tables, which
-    take the rows the others refused. Tables of one round are committed side by side, so
-    within a round a crash at the k-th reach is before whichever table comes k-th."""
+    take the rows the others refused. Every table's files are written side by side; the
+    commits follow one after another in this order (falkirk.runtime.loop)."""
     first, last = [], []
     for r in job_regions(pipeline, job):
         dead = pipeline.dead_letter_edge(r)

@@ -161,13 +161,15 @@ def answer_at(queries_df: DataFrame, communities_df: DataFrame, counts_df: DataF
             F.sort_array(F.collect_list(F.struct((-F.col("cents")).alias("neg"), "item_id")))
         ).alias("overall_items"))
     )
+    # the state sides are small (a snapshot's users, categories, items): broadcast, so the
+    # queries are not shuffled for each join
     out = (
         queries_df.select("t", "query_id", "user_id")
         .distinct()
-        .join(communities, ["t", "user_id"], "left")
-        .join(favourite, ["t", "label"], "left")
-        .join(category_items, ["t", "category"], "left")
-        .join(overall, "t", "left")
+        .join(F.broadcast(communities), ["t", "user_id"], "left")
+        .join(F.broadcast(favourite), ["t", "label"], "left")
+        .join(F.broadcast(category_items), ["t", "category"], "left")
+        .join(F.broadcast(overall), "t", "left")
         .withColumn(
             "items",
             F.when(F.col("category").isNotNull(), F.coalesce("cat_items", F.lit("[]")))
@@ -285,7 +287,6 @@ class ServeJob(JobLogic):
         self.bought: DataFrame | None = None  # bought_counts of sender epochs ≤ through
         self.through: int | None = None
         self._next: tuple[DataFrame, int] | None = None
-        self._cached: list[DataFrame] = []
 
     def initial_state(self, region: str, spark):
         return spark.createDataFrame([], "dimension string, value string, total long")
@@ -311,15 +312,17 @@ class ServeJob(JobLogic):
             _as_of(ctx.inputs["user_community"], ctx.epoch - 1).withColumn("t", at),
             counts.withColumn("t", at),
             _as_of(ctx.inputs["item_popularity"], ctx.epoch - 1).withColumn("t", at),
-        ).persist()
-        self._cached = [responses]
+        )
+        # computed once (one Spark job): the answers are sent, counted and checkpointed
+        # from here, not planned again by each of the epoch's commits
+        responses = cut_lineage(responses)
         self._next = (counts, ctx.epoch - 1)
         outputs = {"responses": _messages(responses), "query_dead_letters": dead}
         state = {}
         if STATS in ctx.active:
             query_stats, totals = stats(responses, ctx.state[STATS], ctx.epoch)
             outputs["query_stats"] = query_stats
-            state[STATS] = cut_lineage(totals)
+            state[STATS] = totals  # cut once committed (settle_state): off the answers' path
         return EpochResult(outputs=outputs, state=state)
 
     def process_pass(self, ctx: EpochContext) -> EpochResult:
@@ -339,28 +342,24 @@ class ServeJob(JobLogic):
         responses = answer_at(queries.withColumn("t", F.col("epoch")),
                               communities.withColumn("t", t),
                               counts, popularity.withColumn("t", t))
-        responses = responses.withColumn(PASS_COLUMN, F.col("epoch")).persist()
-        self._cached = [responses]
+        responses = cut_lineage(responses.withColumn(PASS_COLUMN, F.col("epoch")))
         self._next = (add_counts(before, bought_counts(appended)), ctx.last - 1)
         outputs = {"responses": _messages(responses), "query_dead_letters": dead}
         result = EpochResult(outputs=outputs)
         if STATS in ctx.active:
             query_stats, totals = stats_epochs(responses, ctx.state[STATS], ctx.epochs)
             totals = cut_lineage(totals)
-            self._cached.append(totals)
 
             def after(e: int) -> DataFrame:
                 return totals.filter(F.col("epoch") == e).select("dimension", "value",
                                                                  "total")
 
             outputs["query_stats"] = query_stats
-            result.state[STATS] = cut_lineage(after(ctx.last))
+            result.state[STATS] = after(ctx.last)
             result.states[STATS] = {e: after(e) for e in ctx.checkpoints.get(STATS, [])}
         return result
 
     def finish_epoch(self, ctx: EpochContext) -> None:
-        for df in self._cached:
-            df.unpersist()
         if self._next is not None:  # committed: the counts move on
             counts, through = self._next
             old, self.bought = self.bought, cut_lineage(counts)
@@ -370,6 +369,9 @@ class ServeJob(JobLogic):
 
     def release(self) -> None:
         self.bought, self.through, self._next = None, None, None
+
+    def settle_state(self, region: str, state: DataFrame) -> DataFrame:
+        return cut_lineage(state)
 
     def state_schema(self, region: str) -> pa.Schema:
         return TOTALS_SCHEMA

@@ -150,6 +150,16 @@ class CommitResult:
     app_id: str
 
 
+@dataclass
+class Prepared:
+    """An epoch's (or a pass's) files written for a table, not committed yet."""
+
+    epochs: list[int]
+    todo: list[int]  # the epochs this generation has not committed
+    folder: str
+    files: dict[int, list[DataFile]]
+
+
 class EpochWriter:
     """Appends a region's epochs to a Delta table exactly once per generation.
 
@@ -229,26 +239,44 @@ class EpochWriter:
         rows carry their epoch in :data:`PASS_COLUMN` when there is more than one; each
         epoch is committed apart, in order, so the table has a version per epoch (a
         rollback can restore any of them). None for an epoch already committed."""
+        return self.commit(self.prepare(df, epochs))
+
+    def prepare(self, df: DataFrame, epochs: list[int]) -> Prepared:
+        """The first half of :meth:`write_epochs`: Spark writes the epochs' files (not
+        yet in the table), refused here when a row has a null the table declares none
+        (:class:`~falkirk.io.lake.NullViolation`, nothing left behind). The loop writes
+        every table of an epoch so, side by side, before it commits any."""
         epochs = sorted(epochs)
-        out: dict[int, CommitResult | None] = dict.fromkeys(epochs)
         if not self._ensured:
             self.ensure_table()
         table = self.log.table()
         done = table.transaction_version(self.app_id)
         todo = [e for e in epochs if done is None or e > done]
         if not todo:
-            return out
+            return Prepared(epochs, [], "", {})
         self.discard_orphans(todo[0], table.version())
         folder = f"{FILES_DIR}/g{self.generation}-{self.region}-{uuid.uuid4().hex[:12]}"
-        files = self._write_files(df, todo, folder)
+        return Prepared(epochs, todo, folder, self._write_files(df, todo, folder))
+
+    def commit(self, prepared: Prepared) -> dict[int, CommitResult | None]:
+        """The second half: commit each prepared epoch apart, in order (delta-rs, no Spark
+        job); None for an epoch already committed."""
+        out: dict[int, CommitResult | None] = dict.fromkeys(prepared.epochs)
+        if not prepared.todo:
+            return out
         maybe_crash("writer:before-commit")
         try:
-            for e in todo:
-                out[e] = self._commit(e, files.get(e, []))
+            for e in prepared.todo:
+                out[e] = self._commit(e, prepared.files.get(e, []))
                 maybe_crash("writer:after-commit")
         finally:
-            tidy_folder(self.log.fs, folder)
+            tidy_folder(self.log.fs, prepared.folder)
         return out
+
+    def discard(self, prepared: Prepared) -> None:
+        """Forget prepared files that will not be committed (their epoch is written again)."""
+        if prepared.folder:
+            _delete_folder(self.log.fs, prepared.folder)
 
     def _write_files(self, df: DataFrame, epochs: list[int], folder: str
                      ) -> dict[int, list[DataFile]]:

@@ -448,8 +448,18 @@ class OutputConnector(ABC):
         return self.edges[0]
 
     @abstractmethod
-    def commit(self, df: Any, epochs: list[int]) -> dict[int, dict]:
-        """Make the epochs' rows durable; per epoch, what the epoch log records of it."""
+    def prepare(self, df: Any, epochs: list[int]) -> Any:
+        """The Spark work of making the epochs' rows durable (a table's files, not yet in
+        it; a topic's records, sent): the loop prepares every output of an epoch side by
+        side, then commits them."""
+
+    @abstractmethod
+    def commit(self, prepared: Any) -> dict[int, dict]:
+        """Make what :meth:`prepare` wrote durable; per epoch, what the epoch log records
+        of it."""
+
+    def discard(self, prepared: Any) -> None:  # noqa: B027 - an optional hook
+        """Forget what was prepared and will not be committed (prepared again)."""
 
 
 class DeltaOutput(OutputConnector):
@@ -471,10 +481,16 @@ class DeltaOutput(OutputConnector):
     def schema(self):
         return self.writer.schema
 
-    def commit(self, df: Any, epochs: list[int]) -> dict[int, dict]:
+    def prepare(self, df: Any, epochs: list[int]) -> Any:
         """Raises :class:`~falkirk.io.lake.NullViolation` when a row has a null where the
-        table declares none (nothing committed)."""
-        results = self.writer.write_epochs(df, epochs)
+        table declares none (nothing left behind)."""
+        return self.writer.prepare(df, epochs)
+
+    def discard(self, prepared: Any) -> None:
+        self.writer.discard(prepared)
+
+    def commit(self, prepared: Any) -> dict[int, dict]:
+        results = self.writer.commit(prepared)
         out = {}
         for e, result in results.items():
             version = result.version if result is not None else self.writer.version_of(e)
@@ -496,7 +512,10 @@ class KafkaOutput(OutputConnector):
         broker_retry(ensure_topics)(wiring.cfg.kafka_bootstrap,
                                     {self.edge.topic: self.edge.partitions}, outputs=True)
 
-    def commit(self, df: Any, epochs: list[int]) -> dict[int, dict]:
+    def commit(self, prepared: Any) -> dict[int, dict]:
+        return prepared  # sent when prepared: Kafka has no commit to defer
+
+    def prepare(self, df: Any, epochs: list[int]) -> Any:
         from pyspark.sql import functions as F
 
         from falkirk.io.kafka import EPOCH_HEADER, GENERATION_HEADER, REGION_HEADER, produce
@@ -518,9 +537,12 @@ class Computed(OutputConnector):
 
     schema = None
 
-    def commit(self, df: Any, epochs: list[int]) -> dict[int, dict]:
+    def prepare(self, df: Any, epochs: list[int]) -> Any:
         df.write.format("noop").mode("overwrite").save()
         return {e: {"table": self.edge.table, "version": -1} for e in epochs}
+
+    def commit(self, prepared: Any) -> dict[int, dict]:
+        return prepared
 
 
 INPUTS: dict[str, type[InputConnector]] = {"kafka": KafkaInput, "delta": DeltaInput}

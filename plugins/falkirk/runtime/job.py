@@ -110,6 +110,12 @@ class JobLogic(ABC):
     def release(self) -> None:  # noqa: B027 - an optional hook
         """Let go of frames held across epochs (the runner is closing)."""
 
+    def settle_state(self, region: str, state: Any) -> Any:
+        """The state to keep once the epoch is committed (default: as returned). A job
+        whose state is a lazy DataFrame cuts its lineage here, after the outputs are
+        sent and committed, not in ``process`` on the way to them."""
+        return state
+
     def initial_state(self, region: str, spark: Any) -> Any:
         return None
 
