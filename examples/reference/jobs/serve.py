@@ -141,6 +141,15 @@ def answer_at(queries_df: DataFrame, communities_df: DataFrame, counts_df: DataF
     epochs): queries of epoch t, the user_community and item_popularity snapshots of t - 1
     and the purchase counts (:func:`bought_counts`) before t, each row tagged with the t it
     serves. The responses' ``epoch`` is t."""
+    return answer_users(queries_df, *user_answers(communities_df, counts_df, popularity_df))
+
+
+def user_answers(communities_df: DataFrame, counts_df: DataFrame, popularity_df: DataFrame
+                 ) -> tuple[DataFrame, DataFrame]:
+    """What every known user of epoch t is answered, before any query of t is read:
+    ``(t, user_id, label, category, items)``, and per t the overall top items (for the
+    users it does not know). Depends only on the state as of t - 1, so the job computes
+    it as soon as that state is committed, while epoch t's queries are still coming."""
     communities = communities_df.groupBy("t", "user_id").agg(F.min("label").alias("label"))
     bought = (
         counts_df.join(communities, ["t", "user_id"])
@@ -161,20 +170,28 @@ def answer_at(queries_df: DataFrame, communities_df: DataFrame, counts_df: DataF
             F.sort_array(F.collect_list(F.struct((-F.col("cents")).alias("neg"), "item_id")))
         ).alias("overall_items"))
     )
-    # the state sides are small (a snapshot's users, categories, items): broadcast, so the
-    # queries are not shuffled for each join
+    users = (
+        communities.join(favourite, ["t", "label"], "left")
+        .join(category_items, ["t", "category"], "left")
+        .join(F.broadcast(overall), "t", "left")
+        .select("t", "user_id", "label", "category", F.when(
+            F.col("category").isNotNull(), F.coalesce("cat_items", F.lit("[]")))
+            .otherwise(F.coalesce("overall_items", F.lit("[]"))).alias("items"))
+    )
+    return users, overall
+
+
+def answer_users(queries_df: DataFrame, users_df: DataFrame, overall_df: DataFrame
+                 ) -> DataFrame:
+    """The responses of the queries (``t``, ``query_id``, ``user_id``): each its user's
+    answer (:func:`user_answers`), an unknown user the overall top items. The answers are
+    small: broadcast, so the queries are shuffled once (their distinct)."""
     out = (
         queries_df.select("t", "query_id", "user_id")
         .distinct()
-        .join(F.broadcast(communities), ["t", "user_id"], "left")
-        .join(F.broadcast(favourite), ["t", "label"], "left")
-        .join(F.broadcast(category_items), ["t", "category"], "left")
-        .join(F.broadcast(overall), "t", "left")
-        .withColumn(
-            "items",
-            F.when(F.col("category").isNotNull(), F.coalesce("cat_items", F.lit("[]")))
-            .otherwise(F.coalesce("overall_items", F.lit("[]"))),
-        )
+        .join(F.broadcast(users_df), ["t", "user_id"], "left")
+        .join(F.broadcast(overall_df), "t", "left")
+        .withColumn("items", F.coalesce("items", "overall_items", F.lit("[]")))
         .withColumn("epoch", F.col("t"))
     )
     return conform(out, "responses")
@@ -287,6 +304,8 @@ class ServeJob(JobLogic):
         self.bought: DataFrame | None = None  # bought_counts of sender epochs ≤ through
         self.through: int | None = None
         self._next: tuple[DataFrame, int] | None = None
+        # (epoch, its counts, users' answers, overall items): prepare_epoch's
+        self._prepared: tuple[int, DataFrame, DataFrame, DataFrame] | None = None
 
     def initial_state(self, region: str, spark):
         return spark.createDataFrame([], "dimension string, value string, total long")
@@ -295,27 +314,33 @@ class ServeJob(JobLogic):
         """The purchase counts of every interaction before the first epoch's own e - 1:
         kept from the last pass, or read once from the table's history."""
         if self.bought is None or self.through != ctx.epoch - 2:
-            if self.bought is not None:
-                self.bought.unpersist()
             self.bought = cut_lineage(bought_counts(ctx.history("bought")))
             self.through = ctx.epoch - 2
         return self.bought
 
+    def prepare_epoch(self, ctx: EpochContext) -> None:
+        """The state side of epoch e's answers, from the state as of e - 1, computed as
+        soon as that is committed, while e's queries are still coming: when they close,
+        only their join is left (the answers' latency)."""
+        at = F.lit(ctx.epoch).cast("long")
+        before = self._counts_before(ctx)
+        new = bought_counts(ctx.inputs["bought"].filter(F.col("epoch") == ctx.epoch - 1))
+        counts = cut_lineage(add_counts(before, new))
+        users, overall = user_answers(
+            _as_of(ctx.inputs["user_community"], ctx.epoch - 1).withColumn("t", at),
+            counts.withColumn("t", at),
+            _as_of(ctx.inputs["item_popularity"], ctx.epoch - 1).withColumn("t", at))
+        self._prepared = (ctx.epoch, counts, cut_lineage(users), cut_lineage(overall))
+
     def process(self, ctx: EpochContext) -> EpochResult:
         at = F.lit(ctx.epoch).cast("long")
         queries, dead = validate_queries(ctx.inputs["queries"], ctx.epoch)
-        before = self._counts_before(ctx)
-        new = bought_counts(ctx.inputs["bought"].filter(F.col("epoch") == ctx.epoch - 1))
-        counts = add_counts(before, new)
-        responses = answer_at(
-            queries.withColumn("t", at),
-            _as_of(ctx.inputs["user_community"], ctx.epoch - 1).withColumn("t", at),
-            counts.withColumn("t", at),
-            _as_of(ctx.inputs["item_popularity"], ctx.epoch - 1).withColumn("t", at),
-        )
+        if self._prepared is None or self._prepared[0] != ctx.epoch:
+            self.prepare_epoch(ctx)
+        _, counts, users, overall = self._prepared
         # computed once (one Spark job): the answers are sent, counted and checkpointed
         # from here, not planned again by each of the epoch's commits
-        responses = cut_lineage(responses)
+        responses = cut_lineage(answer_users(queries.withColumn("t", at), users, overall))
         self._next = (counts, ctx.epoch - 1)
         outputs = {"responses": _messages(responses), "query_dead_letters": dead}
         state = {}
@@ -343,7 +368,7 @@ class ServeJob(JobLogic):
                               communities.withColumn("t", t),
                               counts, popularity.withColumn("t", t))
         responses = cut_lineage(responses.withColumn(PASS_COLUMN, F.col("epoch")))
-        self._next = (add_counts(before, bought_counts(appended)), ctx.last - 1)
+        self._next = (cut_lineage(add_counts(before, bought_counts(appended))), ctx.last - 1)
         outputs = {"responses": _messages(responses), "query_dead_letters": dead}
         result = EpochResult(outputs=outputs)
         if STATS in ctx.active:
@@ -361,14 +386,11 @@ class ServeJob(JobLogic):
 
     def finish_epoch(self, ctx: EpochContext) -> None:
         if self._next is not None:  # committed: the counts move on
-            counts, through = self._next
-            old, self.bought = self.bought, cut_lineage(counts)
-            if old is not None:
-                old.unpersist()
-            self.through, self._next = through, None
+            self.bought, self.through = self._next  # cut already
+            self._next = None
 
     def release(self) -> None:
-        self.bought, self.through, self._next = None, None, None
+        self.bought, self.through, self._next, self._prepared = None, None, None, None
 
     def settle_state(self, region: str, state: DataFrame) -> DataFrame:
         return cut_lineage(state)

@@ -104,6 +104,13 @@ class JobLogic(ABC):
         while the epoch log and every table still record each epoch apart."""
         return None
 
+    def prepare_epoch(self, ctx: EpochContext) -> None:  # noqa: B027 - an optional hook
+        """Called once per epoch as soon as its Delta inputs (the state other regions
+        committed) are ready while a Kafka input (the epoch's own records) is not: the
+        context holds only those inputs. A job computes here what does not need the
+        epoch's records (a lookup table of the state), so that when they close only their
+        part is left: the epoch's latency. ``process`` must not rely on it being called."""
+
     def finish_epoch(self, ctx: EpochContext) -> None:  # noqa: B027 - an optional hook
         """Called once the epoch's outputs are committed (free cached data here)."""
 
@@ -134,6 +141,11 @@ class JobLogic(ABC):
     def passes(self) -> bool:
         """Whether this job processes several epochs in one pass."""
         return type(self).process_pass is not JobLogic.process_pass
+
+    @property
+    def prepares(self) -> bool:
+        """Whether this job prepares an epoch before its records close."""
+        return type(self).prepare_epoch is not JobLogic.prepare_epoch
 
 
 def load_job(job: str | Path) -> ModuleType:
