@@ -20,15 +20,37 @@ from falkirk.local.airflow import DAGS_FOLDER, plugins_folder
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+TIERS = ("unit", "integration", "system")
+
+
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true",
                      help="also run the tests marked full (long runs CI leaves out)")
+    parser.addoption("--tier", choices=TIERS,
+                     help="only one tier: unit (no Spark, broker or Airflow), integration "
+                          "(the real engines, a part at a time), system (whole pipelines)")
+
+
+def tier_of(item) -> str:
+    """unit: not marked slow; system: marked system (a whole pipeline runs); else
+    integration (Spark, the broker or Airflow, one part at a time)."""
+    if item.get_closest_marker("system"):
+        return "system"
+    return "integration" if item.get_closest_marker("slow") else "unit"
 
 
 def pytest_collection_modifyitems(config, items):
     """The tests marked ``full`` run only with --full: each is a long run whose parts are
     also tested, more cheaply, in the default run (the mark's reason says where). They are
-    deselected by name, and the summary lists them, never silently."""
+    deselected by name, and the summary lists them, never silently. ``--tier`` keeps one
+    tier; the summary says how many of the others it left out."""
+    tier = config.getoption("--tier")
+    if tier is not None:
+        other = [item for item in items if tier_of(item) != tier]
+        if other:
+            config.hook.pytest_deselected(items=other)
+            items[:] = [item for item in items if tier_of(item) == tier]
+            config._falkirk_other_tiers = (tier, len(other))
     if config.getoption("--full"):
         return
     left_out = [item for item in items if item.get_closest_marker("full")]
@@ -39,6 +61,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    tier = getattr(config, "_falkirk_other_tiers", None)
+    if tier is not None:
+        terminalreporter.section(f"tier {tier[0]} only")
+        terminalreporter.write_line(f"{tier[1]} tests of the other tiers left out (bin/test "
+                                    "without --tier runs every tier)")
     left_out = getattr(config, "_falkirk_left_out", [])
     if left_out:
         terminalreporter.section("left out of this run (bin/test --full runs them)")

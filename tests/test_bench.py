@@ -64,6 +64,7 @@ def test_a_closed_runner_lets_go_of_every_frame_it_held_across_epochs():
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_a_short_long_run_reports_every_epoch_with_its_spark_jobs_and_memory(tmp_path):
     from falkirk_dev.bench import long_run
 
@@ -76,6 +77,7 @@ def test_a_short_long_run_reports_every_epoch_with_its_spark_jobs_and_memory(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_a_short_latency_run_answers_every_query_produced_in_real_time(tmp_path):
     from falkirk_dev.bench import latency
 

@@ -18,6 +18,7 @@ from falkirk_dev.chaos_airflow import airflow_campaign
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_a_short_campaign_loses_duplicates_and_sticks_nothing(golden, tmp_path):
     result = campaign(tmp_path, minutes=1.5, seed=2, data=INPUT, say=print, golden=golden)
     assert result["kills"] >= 1, result["events"]
@@ -42,6 +43,7 @@ def test_a_short_campaign_loses_duplicates_and_sticks_nothing(golden, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_under_airflow_kills_in_the_middle_of_a_recovery_are_recovered_too(golden, tmp_path):
     """CI's variant of ``falkirk chaos --airflow --every``: a local Airflow runs the
     pipeline. Its scheduler (with its executor and tasks) and a stream job are SIGKILLed
@@ -74,6 +76,7 @@ def test_under_airflow_kills_in_the_middle_of_a_recovery_are_recovered_too(golde
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_under_airflow_the_engine_killed_under_every_job_is_recovered(golden, tmp_path):
     """CI's variant of the campaign's ``engine`` target: the local Spark Connect engine
     every stream job is a client of is SIGKILLed while they run. Every session is gone

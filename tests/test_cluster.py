@@ -32,7 +32,7 @@ from falkirk.runtime.procs import group_members, session_members, session_of
 from falkirk_dev import cluster
 from falkirk_dev.harness import LocalRun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 
 CLUSTER = str(REPO_ROOT / "bin" / "cluster")
 

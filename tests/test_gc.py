@@ -12,9 +12,38 @@ from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
 from tiny_pipeline import PIPE, PIPE_DICT
 
 from falkirk.io.lake import read_table
+from falkirk.log.epochlog import EpochLog, EpochRecord
 from falkirk.model.topology import Pipeline, TopologyError
-from falkirk.recovery.gc import collect, group_id
+from falkirk.recovery.gc import GarbageCollector, Watermarks, collect, group_id
 from falkirk.recovery.rollback import RollbackError, RollbackRequest
+from falkirk.solver.frontier import low_watermark
+
+#: Two regions joined by a topic declared a log: relay (ephemeral) sends 10 records an
+#: epoch to ``mid``; sink (lazy, a checkpoint every 2 epochs) reads them.
+RELAY = Pipeline.from_dict({
+    "pipeline": "relay",
+    "settings": {"epoch_seconds": 10, "origin_ms": 0},
+    "regions": {"relay": {"regime": "ephemeral", "job": "jobs/a.py"},
+                "sink": {"regime": "lazy", "checkpoint_every": 2, "job": "jobs/b.py"}},
+    "edges": {"src": {"kind": "kafka", "to": "relay", "topic": "relay_src"},
+              "mid": {"kind": "kafka", "from": "relay", "to": "sink", "topic": "relay_mid",
+                      "retain_epochs": 1},
+              "out": {"kind": "delta", "from": "sink", "table": "relay_out"}},
+})
+
+
+def relay_epochs(log: EpochLog, epochs: range, generation: int = 0) -> None:
+    """Both regions' rows for ``epochs``: relay read 1 record of src and sent 10 to mid,
+    sink read them (and checkpointed every other epoch)."""
+    rows = []
+    for k in epochs:
+        rows.append(EpochRecord("relay", "relay", k, generation, "committed",
+                                inputs={"src": {"from": {"0": k}, "to": {"0": k + 1}}}))
+        rows.append(EpochRecord(
+            "relay", "sink", k, generation, "checkpointed" if k % 2 else "committed",
+            inputs={"mid": {"from": {"0": 10 * k}, "to": {"0": 10 * (k + 1)}}},
+            state_ref=f"checkpoint:{k}" if k % 2 else None))
+    log.record(*rows)
 
 
 def declared_log(retain: int) -> Pipeline:
@@ -90,11 +119,18 @@ def test_apply_drops_a_declared_log_and_then_constrains_rollbacks(world, broker,
                                      dry_run=True))
 
 
-def test_retain_epochs_is_declared_on_a_delta_edge_a_region_writes(world):
+def test_retain_epochs_is_declared_on_a_log_between_regions():
     bad = copy.deepcopy(PIPE_DICT)
-    bad["edges"]["src"]["retain_epochs"] = 2
-    with pytest.raises(TopologyError, match="edge 'src': retain_epochs declares a Delta table"):
+    bad["edges"]["src"]["retain_epochs"] = 2  # the user's input topic: never trimmed
+    with pytest.raises(TopologyError, match="edge 'src': retain_epochs declares a log between "
+                                            "regions .* this edge is kafka with no region "
+                                            "writing it"):
         Pipeline.from_dict(bad)
+    bad = copy.deepcopy(PIPE_DICT)
+    bad["edges"]["link"]["retain_epochs"] = 2
+    with pytest.raises(TopologyError, match="this edge is unlogged"):
+        Pipeline.from_dict(bad)
+    assert RELAY.edges["mid"].retain_epochs == 1  # a topic between two regions may be one
     bad = copy.deepcopy(PIPE_DICT)
     bad["edges"]["t_in"]["retain_epochs"] = -1
     with pytest.raises(TopologyError, match="retain_epochs must be an integer ≥ 0, got -1"):
@@ -139,9 +175,126 @@ def _produce(broker, n: int) -> None:
     producer.close()
 
 
-def _committed(broker, group: str) -> int:
+def _committed(broker, group: str, topic: str = "src") -> int:
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
-        return admin.list_group_offsets({group: None})[group][TopicPartition("src", 0)].offset
+        return admin.list_group_offsets({group: None})[group][TopicPartition(topic, 0)].offset
     finally:
         admin.close()
+
+
+def test_watermarks_kept_incrementally_are_those_of_a_full_solve(tmp_path):
+    """The continuous collector's watermarks: new frontiers are added to one solver, a
+    region whose older entries changed (a collection recorded) is refreshed alone, a new
+    generation solves anew; at every step they equal a solve from scratch."""
+    log = EpochLog(str(tmp_path / "log"))
+    marks = Watermarks(RELAY, log)
+
+    def full() -> dict:
+        return low_watermark(log.problem(RELAY, replay=False))
+
+    relay_epochs(log, range(3))
+    assert marks.update() == full()
+    assert marks.update()["sink"].to_json() == 1  # its newest checkpoint
+    relay_epochs(log, range(3, 8))
+    assert marks.update() == full()
+    assert marks.update()["sink"].to_json() == 7
+    assert (marks.rebuilt, marks.added) == (1, 8)  # relay: 5 epochs; sink: checkpoints 3, 5, 7
+    log.record_collected("relay", "mid", 5)  # relay's entries now say what is gone
+    assert marks.update() == full()
+    assert marks.refreshed == 1 and marks.rebuilt == 1
+    log.record_rollback("relay", "r1", 1, "done", {}, {})
+    relay_epochs(log, range(8, 10), generation=1)
+    assert marks.update() == full()
+    assert marks.rebuilt == 2
+
+
+def test_a_log_topic_between_regions_is_trimmed_below_what_its_receiver_passed(
+        tmp_path, broker):
+    """sink checkpointed epoch 7: no failure takes it below, so relay_mid's records that
+    its epochs through 6 read (retain_epochs: 1 keeps epoch 7's) go with DeleteRecords;
+    the topic starts there after, and the input topic (the user's) is only acknowledged."""
+    from falkirk.config import load
+
+    cfg = replace(load(), lake=str(tmp_path / "lake"), kafka_bootstrap=broker.bootstrap)
+    log = EpochLog.from_config(cfg)
+    relay_epochs(log, range(8))
+    for topic, n in (("relay_src", 8), ("relay_mid", 80)):
+        broker.create_topic(topic, 1)
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+        for i in range(n):
+            producer.send(topic, b"%d" % i)
+        producer.flush()
+        producer.close()
+
+    dry = collect(RELAY, cfg, log)
+    [trim] = [i for i in dry.items if i.kind == "log records"]
+    assert (trim.store, trim.name, trim.detail["offsets"]) == ("topic", "relay_mid", {"0": 70})
+    assert "retain_epochs: 1" in trim.rule and "through 6" in trim.rule
+    assert _log_start(broker, "relay_mid") == 0  # a dry run
+
+    collector = GarbageCollector(RELAY, cfg, log, retention_hours=0)
+    assert collector.step() is not None
+    assert _log_start(broker, "relay_mid") == 70
+    assert _log_start(broker, "relay_src") == 0  # the user's topic keeps its records
+    assert _committed(broker, group_id("relay", "relay"), "relay_src") == 8
+    assert log.collected("relay")["mid"][0] == 6  # relay can no longer resend epochs ≤ 6
+    assert collector.step() is None  # the watermarks stood: nothing looked at again
+    relay_epochs(log, range(8, 10))
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    for i in range(20):
+        producer.send("relay_mid", b"%d" % i)
+    producer.flush()
+    producer.close()
+    assert collector.step() is not None
+    assert _log_start(broker, "relay_mid") == 90
+    assert collector.marks.rebuilt == 1  # kept incrementally
+
+
+def test_the_app_transactions_of_dead_generations_expire_and_the_fence_stops_at_its_floor(
+        tmp_path, monkeypatch):
+    """Each generation writes under its own app id; a table keeps an app id's transaction
+    a week after its last commit (delta.setTransactionRetentionDuration). A fence records
+    the generation below which all are fenced, so a later fence does not walk (and write)
+    every expired generation again."""
+    import time
+
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+    from deltalake import DeltaTable as RsTable
+
+    from falkirk.io import delta
+    from falkirk.io.delta import FENCED, app_id_for, fence_older_generations, fenced_below_id
+
+    uri = str(tmp_path / "t")
+    assert delta.ensure_table(uri, pa.schema([("epoch", pa.int64())]))
+    day = 24 * 3600 * 1000
+    now = int(time.time() * 1000)
+    monkeypatch.setattr(delta, "_now_ms", lambda: now - 8 * day)
+    assert len(fence_older_generations(uri, "agg", 5)) == 5  # g4..g0, 8 days ago
+    # generation 5's writer commits epoch 3 two days ago, renewing its own transaction
+    # and the fence's floor as EpochWriter._commit does
+    write_deltalake(uri, pa.schema([("epoch", pa.int64())]).empty_table(), mode="append",
+                    commit_properties=CommitProperties(app_transactions=[
+                        Transaction(app_id_for("agg", 5), 3, last_updated=now - 2 * day),
+                        Transaction(fenced_below_id("agg"), 5, last_updated=now - 2 * day)]))
+    monkeypatch.setattr(delta, "_now_ms", lambda: now - day)
+    assert fence_older_generations(uri, "agg", 9) == [app_id_for("agg", g)
+                                                      for g in (8, 7, 6, 5)]
+    table = RsTable(uri)
+    assert [table.transaction_version(app_id_for("agg", g)) for g in range(9)] == \
+        [None] * 5 + [FENCED] * 4  # a week gone: g0..g4 are out of the snapshot
+    monkeypatch.setattr(delta, "_now_ms", lambda: now)
+    assert fence_older_generations(uri, "agg", 10) == [app_id_for("agg", 9)]
+    assert RsTable(uri).transaction_version(app_id_for("agg", 0)) is None
+
+
+def _log_start(broker, topic: str) -> int:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap)
+    try:
+        [start] = consumer.beginning_offsets([TopicPartition(topic, 0)]).values()
+        return start
+    finally:
+        consumer.close()

@@ -33,7 +33,7 @@ import pytest
 
 from falkirk.config import REPO_ROOT
 
-pytestmark = pytest.mark.slow  # Spark, the broker and Airflow
+pytestmark = [pytest.mark.slow, pytest.mark.system]  # Spark, the broker and Airflow
 
 GUIDE = REPO_ROOT / "docs" / "guide.md"
 TABLES = ("clean_clicks", "page_counts", "user_totals", "clicks_dead_letters")

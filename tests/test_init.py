@@ -17,7 +17,7 @@ import pytest
 from falkirk.config import REPO_ROOT
 from falkirk.local.airflow import DAGS_FOLDER
 
-pytestmark = pytest.mark.slow  # Spark jobs and the broker
+pytestmark = [pytest.mark.slow, pytest.mark.system]  # Spark jobs and the broker
 
 TABLES = ("clean_clicks", "page_counts", "user_totals", "clicks_dead_letters")
 

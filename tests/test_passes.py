@@ -12,7 +12,7 @@ from reference_runs import EPOCHS, INPUT, assert_ranges_tile_the_input, assert_s
 from falkirk.local.broker import LocalBroker
 from falkirk_dev.harness import LocalRun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 
 
 def run_with(root, max_pass: int) -> tuple[dict, dict, dict[str, list[str]]]:

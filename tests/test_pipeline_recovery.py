@@ -19,7 +19,7 @@ from reference_runs import EPOCHS, INPUT, assert_ranges_tile_the_input, assert_s
 from falkirk.local.broker import LocalBroker
 from falkirk_dev.harness import LocalRun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.system]
 
 
 def assert_resent_with_a_newer_generation(sent, plan):

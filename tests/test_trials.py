@@ -111,6 +111,7 @@ def test_a_crash_point_with_a_count_fires_the_nth_time_it_is_reached():
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_trials_lose_and_duplicate_nothing(golden, tmp_path):
     """One trial (each is a whole pipeline run: ~4 min of CI), on the input of the
     session's shared failure-free run and compared with it: the CI seed's pick, communities

@@ -201,20 +201,42 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from falkirk.recovery.gc import collect
+    from rich.console import Console
+
+    from falkirk.recovery.gc import collect, follow
 
     pipeline = _pipeline(args.pipeline)
+    console = Console()
+    if args.follow:
+        def heard(report) -> None:
+            if args.json:
+                print(json.dumps(report.to_json()), flush=True)
+            else:
+                _print_gc(console, pipeline.name, report)
+
+        console.print(f"collecting garbage of {pipeline.name} every {args.every:g} s "
+                      "(Ctrl-C ends it)", style="dim")
+        try:
+            follow(pipeline, every_s=args.every, retention_hours=args.retention_hours,
+                   on_report=heard)
+        except KeyboardInterrupt:
+            return 0
     report = collect(pipeline, apply=args.apply,
                      vacuum_retention_hours=args.retention_hours)
     if args.json:
         print(json.dumps(report.to_json()))
         return 0
-    from rich.console import Console
+    _print_gc(console, pipeline.name, report)
+    return 0
+
+
+def _print_gc(console, name: str, report) -> None:
+    """A collection as a table of its items, the watermarks and the tables kept whole."""
     from rich.table import Table
 
-    console = Console()
-    title = (f"garbage collection of {pipeline.name} "
-             + ("(applied)" if args.apply else "(dry run: nothing changed; --apply to do it)"))
+    title = (f"garbage collection of {name} "
+             + ("(applied)" if report.applied else "(dry run: nothing changed; --apply to "
+                "do it)"))
     table = Table(title=title, title_justify="left")
     for col in ("store", "name", "rows", "files", "bytes", "rule"):
         table.add_column(col)
@@ -226,7 +248,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if report.kept_tables:
         console.print(f"tables kept whole (products; declare retain_epochs on an edge to "
                       f"make one a log): {', '.join(report.kept_tables)}")
-    return 0
 
 
 def cmd_jars(args: argparse.Namespace) -> int:
@@ -597,6 +618,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--apply", action="store_true", help="really drop and vacuum")
     p.add_argument("--retention-hours", type=float, default=1.0,
                    help="vacuum only files older than this (writers may be mid-commit)")
+    p.add_argument("--follow", action="store_true",
+                   help="keep collecting as epochs commit (applies; Ctrl-C ends it)")
+    p.add_argument("--every", type=float, default=60.0,
+                   help="with --follow: seconds between looks (default 60)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gc)
 

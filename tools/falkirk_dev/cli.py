@@ -45,6 +45,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from falkirk_dev import chaos
     return chaos.main(args)
 
+def cmd_soak(args: argparse.Namespace) -> int:
+    from falkirk_dev import soak
+    return soak.main(args)
+
 def cmd_trials(args: argparse.Namespace) -> int:
     from falkirk_dev import trials
     return trials.main(args)
@@ -148,6 +152,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="with --airflow: what to break, of job, scheduler, broker, engine "
                         "(default: all four; the engine when the profile runs one)")
     p.set_defaults(func=cmd_chaos)
+
+    p = sub.add_parser("soak", help="thousands of short epochs under kills with garbage "
+                       "collection running: bytes per store, restore and epoch time, driver "
+                       "memory per quarter; compare with a failure-free run")
+    p.add_argument("--epochs", type=int, default=2000, help="epochs of input (default 2000)")
+    p.add_argument("--epoch-seconds", type=float, default=1.0,
+                   help="the pipeline's epoch length for the soak (default 1)")
+    p.add_argument("--kill-every", type=int, default=100,
+                   help="a strike at a random moment every K epochs of progress (0: none)")
+    p.add_argument("--events-per-epoch", type=int, default=25,
+                   help="events of input per epoch (default 25)")
+    p.add_argument("--seed", type=int, default=1, help="draws the targets and moments")
+    p.add_argument("--workdir", help="where the sandboxes go (default: a new temp folder)")
+    p.add_argument("--json", metavar="FILE", help="write the figures here (its chart beside "
+                   "it, .svg)")
+    p.set_defaults(func=cmd_soak)
 
     p = sub.add_parser("cluster", help="a local cluster as separate processes: Spark "
                        "standalone (master + 2 workers), 3 Kafka brokers, an S3 object store, "

@@ -220,12 +220,12 @@ def finish(run, timeout_s: float = WAIT_END_S) -> None:
             f"{j} ({died_by(c)}, see {run.log_file(j)})" for j, c in bad.items()))
 
 
-def golden_run(root: Path, data: dict[str, int],
-               timeout_s: float = WAIT_END_S) -> dict[str, Any]:
-    """The failure-free run's outputs."""
+def golden_run(root: Path, data: dict[str, int], timeout_s: float = WAIT_END_S,
+               pipeline: str | Path = "reference") -> dict[str, Any]:
+    """The failure-free run's outputs (of the reference pipeline, or of ``pipeline``)."""
     from falkirk_dev.harness import LocalRun
 
-    with LocalRun(root) as run:
+    with LocalRun(root, pipeline) as run:
         run.generate(**data)
         run.start(until_epoch=data["epochs"] - 1)
         finish(run, timeout_s)

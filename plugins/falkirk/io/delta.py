@@ -75,6 +75,26 @@ def app_id_for(region: str, generation: int) -> str:
     return f"falkirk:{region}:g{generation}"
 
 
+def fenced_below_id(region: str) -> str:
+    """The app id whose transaction version is the region's generation below which every
+    writer is fenced (or expired): where :func:`fence_older_generations` stops looking."""
+    return f"falkirk:{region}:fenced-below"
+
+
+#: How long Delta keeps an app id's transaction after its last commit (the table property
+#: ``delta.setTransactionRetentionDuration``; delta-rs leaves expired ones out of the
+#: snapshot). Each generation of a region writes under a new app id (:func:`app_id_for`),
+#: so without it a table's snapshot kept one per rollback for ever. A live writer renews
+#: its own with every commit; a dead generation's, fenced or not, goes a week after its
+#: last commit, when no write of it can be in flight any more.
+TRANSACTION_RETENTION = "interval 7 days"
+
+
+def _now_ms() -> int:
+    """The ``lastUpdated`` of a transaction written now (tests move the clock)."""
+    return int(time.time() * 1000)
+
+
 #: The transaction version of a fenced writer: above any epoch, so Delta would skip the
 #: fenced app id's every later write as done.
 FENCED = 2**62
@@ -99,8 +119,9 @@ def fence_older_generations(table_uri: str, region: str, generation: int,
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     table = RsTable(table_uri, storage_options=storage_options)
+    floor = table.transaction_version(fenced_below_id(region)) or 0
     ids = []
-    for older in range(generation - 1, -1, -1):  # newest first, down to a fenced one
+    for older in range(generation - 1, floor - 1, -1):  # newest first, down to a fenced one
         version = table.transaction_version(app_id_for(region, older))
         if version is not None and version >= FENCED:
             break
@@ -110,9 +131,12 @@ def fence_older_generations(table_uri: str, region: str, generation: int,
     first = generation - len(ids)
     tag = {COMMIT_TAG: {"region": region, "generation": generation, "fence": first}}
     empty = pa.schema(table.schema().to_arrow()).empty_table()
+    now = _now_ms()
     write_deltalake(table, empty, mode="append", storage_options=storage_options,
                     commit_properties=CommitProperties(
-                        app_transactions=[Transaction(app_id, FENCED) for app_id in ids],
+                        app_transactions=[
+                            *(Transaction(app_id, FENCED, last_updated=now) for app_id in ids),
+                            Transaction(fenced_below_id(region), generation, last_updated=now)],
                         custom_metadata={"userMetadata": json.dumps(tag,
                                                                     separators=(",", ":"))}))
     return ids
@@ -202,6 +226,7 @@ class EpochWriter:
         self.app_id = app_id_for(region, generation)
         self.log = DeltaLogReader(self.table_uri, storage_options)
         self._ensured = False
+        self._fenced_below: int | None = None  # the fence's floor, renewed by each commit
 
     # -- table ---------------------------------------------------------------------------
 
@@ -214,6 +239,8 @@ class EpochWriter:
         if not ensure_table(self.table_uri, self.schema, self.log.storage_options):
             fence_older_generations(self.table_uri, self.region, self.generation,
                                     self.log.storage_options)
+        self._fenced_below = self.log.table().transaction_version(
+            fenced_below_id(self.region))
         self._ensured = True
 
     def committed_epoch(self) -> int | None:
@@ -320,7 +347,13 @@ class EpochWriter:
                 table.create_write_transaction(
                     actions, mode="append", schema=self.schema,
                     commit_properties=CommitProperties(
-                        app_transactions=[Transaction(self.app_id, epoch)],
+                        # renewed by every commit (TRANSACTION_RETENTION), with the
+                        # fence's floor as it was when the writer ensured its table
+                        app_transactions=[
+                            Transaction(self.app_id, epoch, last_updated=_now_ms()),
+                            *([] if self._fenced_below is None else [Transaction(
+                                fenced_below_id(self.region), self._fenced_below,
+                                last_updated=_now_ms())])],
                         custom_metadata={"userMetadata": json.dumps(
                             tag, separators=(",", ":"))}))
             except CommitFailedError as exc:  # another commit landed after that snapshot
@@ -532,6 +565,8 @@ def ensure_table(table_uri: str, schema: pa.Schema,
             RsTable.create(table_uri, schema, mode="error", storage_options=storage_options,
                            configuration={**{k: v for k, v in TABLE_CONFIGURATION.items()
                                              if v is not None},
+                                          "delta.setTransactionRetentionDuration":
+                                              TRANSACTION_RETENTION,
                                           **checkpoint_interval(table_uri)})
             created = True
             break

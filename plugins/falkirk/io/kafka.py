@@ -382,3 +382,26 @@ def commit_group_offsets(bootstrap: str, topic: str, group: str, offsets: Offset
             )
 
     commit()
+
+
+def delete_records(bootstrap: str, topic: str, offsets: Offsets) -> None:
+    """Drop ``topic``'s records below ``offsets`` (per partition; Kafka's DeleteRecords):
+    the log start moves up, as Kafka Streams purges a repartition topic its tasks have
+    committed past. Partitions absent from ``offsets`` are left alone; deleting below a
+    log start already past is a no-op, so a repeat is safe."""
+    from kafka import KafkaAdminClient, TopicPartition
+
+    wanted = {TopicPartition(topic, int(p)): o for p, o in offsets.items if o > 0}
+    if not wanted:
+        return
+
+    @broker_retry
+    def delete() -> None:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="falkirk-gc",
+                                 **CLIENT_CONFIG)
+        try:
+            admin.delete_records(wanted, timeout_ms=QUESTION_TIMEOUT_MS)
+        finally:
+            admin.close()
+
+    delete()

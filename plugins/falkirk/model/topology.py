@@ -48,6 +48,9 @@ class PipelineSettings(BaseModel):
     epoch_seconds: float = Field(gt=0)  # epochs are event-time windows of this length
     origin_ms: int = Field(ge=0)  # the start of epoch 0, in epoch milliseconds
     checks: ChecksSettings = Field(default_factory=ChecksSettings)
+    # how often the streams supervisor's watch collects garbage as epochs commit (0: only
+    # when an operator runs the gc DAG or ``falkirk gc --apply``)
+    gc_every_seconds: float = Field(60.0, ge=0)
     app: dict[str, Any] = Field(default_factory=dict)  # the application's own settings
 
 
@@ -123,7 +126,8 @@ class EdgeSpec:
     # A Delta table is a product: garbage collection never deletes its rows. Declaring
     # ``retain_epochs: N`` makes it a log between regions: rows of epochs every receiver
     # has passed for good (below its low watermark) and older than the sender's newest N
-    # epochs may be deleted (docs/pipeline-yaml.md, "Garbage collection").
+    # epochs may be deleted (docs/pipeline-yaml.md, "Garbage collection"). On a Kafka
+    # edge between regions, the topic's records its receiver has passed for good are.
     retain_epochs: int | None = None
     # ``read: snapshot`` of only the sender's last ``window`` epochs (by the table's
     # ``epoch`` column, files chosen by their statistics): a receiver that needs a sliding
@@ -348,10 +352,12 @@ class Pipeline:
                                   f"is {kind}{'' if dst else ' and has no receiver'}")
             retain = spec.get("retain_epochs")
             if retain is not None:
-                if kind != "delta" or src is None:
-                    raise fail(where, "retain_epochs declares a Delta table a region writes a "
-                                      f"log; this edge is {kind}"
-                                      f"{'' if src else ' with no region writing it'}")
+                if kind == "unlogged" or src is None or (kind == "kafka" and dst is None):
+                    lack = (" with no region writing it" if src is None
+                            else " with no receiver" if kind == "kafka" else "")
+                    raise fail(where, "retain_epochs declares a log between regions (a Delta "
+                                      "table a region writes, or a topic one region sends "
+                                      f"and another reads); this edge is {kind}{lack}")
                 if not isinstance(retain, int) or isinstance(retain, bool) or retain < 0:
                     raise fail(where, f"retain_epochs must be an integer ≥ 0, got {retain!r}")
             window = spec.get("window")
@@ -373,7 +379,7 @@ class Pipeline:
                 writers.setdefault(e.table, set()).add(e.src)
         retained: dict[str, set[int]] = {}
         for e in edges.values():
-            if e.retain_epochs is not None:
+            if e.retain_epochs is not None and e.kind == "delta":
                 retained.setdefault(e.table, set()).add(e.retain_epochs)
         for table, kept in retained.items():
             if len(kept) > 1:

@@ -16,21 +16,31 @@ item with the rule that allows it (:data:`RULES`):
   to Delta's own retention. A declared log's files its deletes took out go the same way
   once older than the retention;
 - **acknowledgements**: an input topic read by p is acknowledged where the epochs inside
-  w(p) ended (the consumer group's offsets); its retention stays its owner's.
+  w(p) ended (the consumer group's offsets); its retention stays its owner's;
+- **records of declared log topics**: a topic between two regions declared a log
+  (``retain_epochs: N`` on its Kafka edge) loses the records its receiver's epochs inside
+  w(receiver) read, but for its newest N epochs (Kafka's DeleteRecords).
 
 Dry run by default: the report lists each item (store, name, rows, files, bytes, rule).
+:class:`GarbageCollector` does it continuously as epochs commit, keeping the watermarks
+with the incremental solver (:class:`Watermarks`).
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from falkirk.config import Config, load
 from falkirk.log.epochlog import EpochLog, RegionLog
-from falkirk.model.times import DOMAINS, Offsets, epoch_of_key, shift, time_of
+from falkirk.model.times import DOMAINS, Frontier, Offsets, epoch_of_key, shift, time_of
 from falkirk.model.topology import Pipeline
-from falkirk.solver.frontier import low_watermark
+from falkirk.solver.frontier import Solver, low_watermark
+
+_log = logging.getLogger(__name__)
 
 #: Why each kind of item may go (formatted with the item's details).
 RULES = {
@@ -44,6 +54,9 @@ RULES = {
                  "than {hours:g} h",
     "acknowledge": "offsets the region's epochs through its low watermark {epoch} read (the "
                    "consumer group's commit; the topic's retention stays its owner's)",
+    "log records": "declared a log (retain_epochs: {retain}): records the receiver's epochs "
+                   "through {epoch} read, below its low watermark and older than its newest "
+                   "{retain} epochs (Kafka's DeleteRecords)",
 }
 
 
@@ -102,15 +115,16 @@ def group_id(pipeline: str, region: str) -> str:
 
 def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog | None = None,
             apply: bool = False, vacuum_retention_hours: float = 1.0,
-            spark: Any = None) -> GcReport:
+            spark: Any = None, watermarks: dict[str, Frontier] | None = None) -> GcReport:
     """Compute the low watermarks, itemise what they allow and (with ``apply``) drop it.
 
     Rows of declared logs are deleted with delta-rs (the tables' one writing engine); no
     Spark session is needed (``spark`` is accepted for callers that pass one)."""
     cfg = cfg or load()
     log = epoch_log or EpochLog.from_config(cfg)
-    problem = log.problem(pipeline, replay=False)  # keep what a replay starts from
-    wm = low_watermark(problem)
+    # without replay: keep what a replay starts from (a continuous monitor passes its own)
+    wm = watermarks if watermarks is not None else low_watermark(
+        log.problem(pipeline, replay=False))
     logs = log.regions(pipeline)
     report = GcReport(pipeline.name, apply, {r: f.to_json() for r, f in wm.items()})
     done_epoch = {r: epoch_of_key(pipeline.regions[r].domain, f.key) for r, f in wm.items()}
@@ -133,6 +147,7 @@ def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog |
                 collected[edge.name] = dom.dump(dom.meet(
                     shift(dom, wm[edge.dst].key, -edge.delay), gone))
     _acknowledgements(pipeline, logs, done_epoch, wm, report, collected)
+    _log_topics(pipeline, logs, done_epoch, wm, report, collected)
     _vacuums(pipeline, cfg, logs, report, log_tables, vacuum_retention_hours, opts)
     if apply:
         _apply(pipeline, cfg, log, report, collected, opts, vacuum_retention_hours, spark)
@@ -228,6 +243,33 @@ def _acknowledgements(pipeline: Pipeline, logs: dict[str, RegionLog],
         collected[edge.name] = wm[edge.dst].to_json()
 
 
+def _log_topics(pipeline: Pipeline, logs: dict[str, RegionLog], done_epoch: dict[str, int],
+                wm, report: GcReport, collected: dict[str, Any]) -> None:
+    """Topics declared logs between regions (``retain_epochs`` on a Kafka edge with a
+    sender and a receiver): trimmed below what the receiver's epochs through its low
+    watermark read, keeping its newest ``retain_epochs`` epochs, as Kafka Streams purges
+    its repartition topics."""
+    for edge in pipeline.edges.values():
+        if edge.kind != "kafka" or edge.src is None or edge.dst is None \
+                or edge.retain_epochs is None:
+            continue
+        committed = [r.epoch for r in logs[edge.dst].restorable(
+            pipeline.regions[edge.dst].regime)]
+        e = min(done_epoch[edge.dst], max(committed, default=-1) - edge.retain_epochs)
+        row = _row(pipeline, logs, edge.dst, e) if e >= 0 else None
+        rng = None if row is None else (row.inputs or {}).get(edge.name)
+        if rng is None:
+            continue
+        rule = RULES["log records"].format(retain=edge.retain_epochs, epoch=e)
+        report.items.append(GcItem("topic", edge.topic, "log records", rule,
+                                   rows=sum(rng["to"].values()),
+                                   detail={"offsets": rng["to"], "region": edge.dst}))
+        dom = wm[edge.dst].domain
+        # what its sender can no longer send again: its epochs the dropped ones came from
+        collected[edge.name] = dom.dump(shift(dom, dom.meet(
+            wm[edge.dst].key, dom.parse(time_of(dom.name, e))), -edge.delay))
+
+
 def _vacuums(pipeline: Pipeline, cfg: Config, logs: dict[str, RegionLog], report: GcReport,
              log_tables: dict[str, int], hours: float, opts) -> None:
     """Orphan files of every table; a declared log's files from versions before the one
@@ -271,7 +313,7 @@ def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport,
     from deltalake import DeltaTable
 
     from falkirk.io.delta import vacuum_orphans
-    from falkirk.io.kafka import commit_group_offsets
+    from falkirk.io.kafka import commit_group_offsets, delete_records
     from falkirk.state.checkpoints import CheckpointStore
 
     for region, keep_from in report.checkpoints.items():
@@ -279,11 +321,14 @@ def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport,
         if store is not None:
             store.retain(keep_from)
     acknowledged = report.of("acknowledge")
+    before = log.collected(pipeline.name)
     for edge, through in collected.items():
         topic = pipeline.edges[edge].topic
         item = acknowledged.get(topic) if topic else None
-        log.record_collected(pipeline.name, edge, through,
-                             None if item is None else Offsets(item.detail["offsets"]))
+        offsets = None if item is None else Offsets(item.detail["offsets"])
+        if before.get(edge) == (through, None if offsets is None else offsets.as_dict()):
+            continue  # a continuous collector's look that moved nothing on this edge
+        log.record_collected(pipeline.name, edge, through, offsets)
     for table, item in report.of("log rows").items():
         if item.rows:
             DeltaTable(cfg.table(table), storage_options=opts).delete(
@@ -292,8 +337,93 @@ def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport,
         commit_group_offsets(cfg.kafka_bootstrap, topic,
                              group_id(pipeline.name, item.detail["region"]),
                              Offsets(item.detail["offsets"]))
+    for topic, item in report.of("log records").items():
+        delete_records(cfg.kafka_bootstrap, topic, Offsets(item.detail["offsets"]))
     for item in report.items:
         if item.kind in ("orphan files", "log files"):
             vacuum_orphans(cfg.table(item.name), retention_hours=retention_hours,
                            keep_from_version=item.detail["keep_from_version"],
                            storage_options=opts)
+
+
+class Watermarks:
+    """Every region's low watermark, kept up to date as epochs commit: one incremental
+    solver (every region failed) told only what changed in the epoch log since its last
+    look: a region's new frontiers are added (:meth:`Solver.add_frontier`), a region whose
+    older entries changed (garbage collection dropped what they sent, a rollback took
+    some away) is refreshed alone; a new generation, or a change of edges, solves anew."""
+
+    def __init__(self, pipeline: Pipeline, log: EpochLog):
+        self.pipeline, self.log = pipeline, log
+        self.solver: Solver | None = None
+        self.generation: int | None = None
+        self.rebuilt = self.added = self.refreshed = 0  # how they were kept (tests, report)
+
+    def update(self) -> dict[str, Frontier]:
+        problem = self.log.problem(self.pipeline, replay=False)
+        generation = self.log.generation(self.pipeline.name)
+        solver = self.solver
+        if solver is None or generation != self.generation \
+                or solver.problem.edges != problem.edges:
+            self.solver, self.generation = Solver(problem, all_failed=True), generation
+            self.rebuilt += 1
+            return self.solver.frontiers()
+        for name, region in problem.regions.items():
+            held = solver.problem.regions[name]
+            # ⊤ is no candidate here (every region failed), but new frontiers are checked
+            # against it: the live state as the log shows it now
+            held.live, held.current = region.live, region.current
+            old, new = held.frontiers, region.frontiers
+            if new[:len(old)] == old:
+                for entry in new[len(old):]:
+                    solver.add_frontier(name, entry)
+                    self.added += 1
+            else:
+                held.frontiers = list(new)
+                solver.refresh(name)
+                self.refreshed += 1
+        return solver.frontiers()
+
+
+class GarbageCollector:
+    """Garbage collection as the pipeline runs (the streams supervisor's watch, ``falkirk
+    gc --follow``): each :meth:`step` moves the low watermarks on (:class:`Watermarks`)
+    and, when they moved, drops what they allow (:func:`collect`, applied)."""
+
+    def __init__(self, pipeline: Pipeline, cfg: Config | None = None,
+                 log: EpochLog | None = None, retention_hours: float = 1.0):
+        self.pipeline, self.cfg = pipeline, cfg or load()
+        self.log = log or EpochLog.from_config(self.cfg)
+        self.marks = Watermarks(pipeline, self.log)
+        self.retention_hours = retention_hours
+        self.last: dict[str, Any] | None = None
+
+    def step(self) -> GcReport | None:
+        """One look: the report of what was dropped, or None when the watermarks stood."""
+        wm = self.marks.update()
+        now = {r: f.to_json() for r, f in wm.items()}
+        if now == self.last:
+            return None
+        report = collect(self.pipeline, self.cfg, self.log, apply=True,
+                         vacuum_retention_hours=self.retention_hours, watermarks=wm)
+        self.last = now
+        return report
+
+
+def follow(pipeline: Pipeline, cfg: Config | None = None, every_s: float = 60.0,
+           retention_hours: float = 1.0, stop: Callable[[], bool] | None = None,
+           on_report: Callable[[GcReport], None] | None = None) -> None:
+    """:class:`GarbageCollector` steps every ``every_s`` seconds until ``stop()`` (default:
+    never). A step that fails (a broker away, a commit race) is logged and tried again at
+    the next: what it did not drop stays for the next one."""
+    collector = GarbageCollector(pipeline, cfg, retention_hours=retention_hours)
+    while stop is None or not stop():
+        try:
+            report = collector.step()
+        except Exception:
+            _log.exception("garbage collection of %s failed; trying again in %.0f s",
+                           pipeline.name, every_s)
+        else:
+            if report is not None and on_report is not None:
+                on_report(report)
+        time.sleep(every_s)

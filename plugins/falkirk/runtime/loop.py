@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from functools import partial, reduce
 from typing import Any
 
@@ -308,8 +309,9 @@ class JobRunner:
                     row = self.wiring.row(r, x, logs)
                     if row is not None and row.status in ("committed", "checkpointed"):
                         redo[(r, x)] = row
+            begun = datetime.now(UTC)  # one time for the pass's rows: they began together
             self.log.record(*(EpochRecord(self.pipeline.name, r, self._time(r, x),
-                                          self.generation, "running",
+                                          self.generation, "running", recorded_at=begun,
                                           note=f"pid {os.getpid()}")
                               for r in sorted(active) for x in epochs
                               if (r, x) not in redo))
