@@ -102,6 +102,12 @@ class Config:
     # The most ready epochs a job processes in one pass (falkirk.runtime.loop): a region
     # that is behind pays each fixed cost once per pass. 1: one epoch at a time.
     max_pass: int = 30
+    # Where OpenLineage run events go (docs/assets.md): "" (off), ``file:<path>`` (each
+    # event a JSON line appended to the file: no server), ``http(s)://…`` (an OpenLineage
+    # server, e.g. Marquez) or ``console`` (the process's log). Both the jobs' epochs
+    # (falkirk.io.lineage) and, through `falkirk airflow start`, Airflow's tasks (its
+    # OpenLineage provider) send there. Checked when the configuration loads.
+    lineage: str = ""
 
     def table(self, *parts: str) -> str:
         """The location of a Delta table under the lake."""
@@ -295,4 +301,35 @@ def load(env: str | None = None) -> Config:
         if cfg.object_store_credentials:
             overrides["object_store_credentials"] = str(
                 Path(overrides.get("var_dir", cfg.var_dir)) / cfg.object_store_credentials)
-    return replace(cfg, **overrides)
+    cfg = replace(cfg, **overrides)
+    lineage_transport(cfg.lineage)  # a bad setting is refused before anything runs
+    return cfg
+
+
+#: What FALKIRK_LINEAGE accepts, as said when it is refused.
+LINEAGE_FORMS = ("'' (off)", "file:<path> (JSON lines appended to the file)",
+                 "http(s)://<server>[:port] (an OpenLineage server, e.g. Marquez)",
+                 "console (the process's log)")
+
+
+def lineage_transport(setting: str) -> dict | None:
+    """The OpenLineage transport (the Python client's and Airflow provider's
+    configuration) that ``setting`` (``Config.lineage``) names; None when lineage is off.
+    Anything else is refused, naming the setting and what it accepts."""
+    from urllib.parse import urlsplit
+
+    value = setting.strip()
+    if not value:
+        return None
+    if value == "console":
+        return {"type": "console"}
+    if value.startswith("file:"):
+        path = urlsplit(value).path if value.startswith("file://") else value[5:]
+        if path and Path(path).is_absolute() and not path.endswith("/"):
+            return {"type": "file", "log_file_path": path, "append": True}
+    else:
+        url = urlsplit(value)
+        if url.scheme in ("http", "https") and url.hostname:
+            return {"type": "http", "url": value.rstrip("/")}
+    raise ConfigError(f"FALKIRK_LINEAGE={setting!r} is not a lineage setting: use one of "
+                      f"{'; '.join(LINEAGE_FORMS)}; a file's path must be absolute")

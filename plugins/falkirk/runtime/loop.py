@@ -35,6 +35,7 @@ from typing import Any
 from falkirk.config import Config, load
 from falkirk.faults import maybe_hold
 from falkirk.io.delta import PASS_COLUMN
+from falkirk.io.lineage import epochs_committed
 from falkirk.io.spark import cut_lineage, jobs_in_group, label_jobs, work_unit
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.model.schemas import use_pipeline
@@ -350,6 +351,9 @@ class JobRunner:
             self._check_fence(epochs[-1])
             maybe_hold("runner:fence-checked")
             self.log.record(*rows)
+            # OpenLineage, when set (FALKIRK_LINEAGE): the epochs written, not those redone
+            epochs_committed(self.cfg, self.pipeline,
+                             [w for w in rows if (w.region, w.epoch) not in redo])
         for r in active:
             self.done[r] = epochs[-1]
             if self.unsaved[r] is not None:  # recovering: saved at last, or one more
