@@ -15,7 +15,9 @@ ROLLBACK = "falkirk_reference_rollback"
 STREAMS = "falkirk_reference_streams"
 BATCH = "falkirk_reference_batch_popularity"
 STREAM_CHECKS = "falkirk_reference_stream_checks"
-DAG_IDS = {ROLLBACK, BATCH, STREAMS, STREAM_CHECKS, "falkirk_reference_gc"}
+OUTPUTS = "falkirk_reference_outputs"
+DAG_IDS = {ROLLBACK, BATCH, STREAMS, STREAM_CHECKS, OUTPUTS, "falkirk_reference_gc"}
+CONSUMER = "reference_category_leaders"  # examples/reference/dags/: the pipeline's consumer
 
 
 @pytest.fixture(scope="session")
@@ -39,8 +41,8 @@ def sandbox(tmp_path, monkeypatch):
 
 def test_every_dag_imports_with_tags_retries_and_docs(dagbag):
     assert dagbag.import_errors == {}
-    assert set(dagbag.dags) == DAG_IDS
-    for dag in dagbag.dags.values():
+    assert set(dagbag.dags) == DAG_IDS | {CONSUMER}
+    for dag in (dagbag.dags[d] for d in DAG_IDS):
         assert dag.tags and "falkirk" in dag.tags, dag.dag_id
         assert dag.default_args.get("retries", 0) >= 1, dag.dag_id
         assert dag.doc_md and len(dag.doc_md) > 200, dag.dag_id
@@ -134,9 +136,9 @@ def test_every_declared_pipeline_outside_the_checkout_gets_its_dags(airflow_env,
 
     bag = DagBag(dag_folder=str(DAGS_FOLDER))
     assert bag.import_errors == {}
-    assert set(bag.dags) == DAG_IDS | {"falkirk_clicks_streams", "falkirk_clicks_batch_counts",
-                                       "falkirk_clicks_rollback", "falkirk_clicks_gc",
-                                       "falkirk_clicks_stream_checks"}
+    assert set(bag.dags) == DAG_IDS | {CONSUMER} | {
+        "falkirk_clicks_streams", "falkirk_clicks_batch_counts", "falkirk_clicks_rollback",
+        "falkirk_clicks_gc", "falkirk_clicks_stream_checks", "falkirk_clicks_outputs"}
     batch = bag.dags["falkirk_clicks_batch_counts"]
     assert batch.get_task("counts").op_kwargs == {"pipeline": "clicks", "region": "counts"}
     assert batch.get_task("trigger_rollback").partial_kwargs["trigger_dag_id"] == \

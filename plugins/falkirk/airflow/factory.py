@@ -7,7 +7,12 @@ For a pipeline ``p`` (found in ``$FALKIRK_PIPELINES`` or a checkout's ``examples
   regions that are not batch);
 - ``falkirk_p_batch_<region>``: one run per epoch of each batch region;
 - ``falkirk_p_rollback``: roll it back (its regions in the params; dry run by default);
-- ``falkirk_p_gc``: garbage collection by low watermark.
+- ``falkirk_p_gc``: garbage collection by low watermark;
+- ``falkirk_p_outputs``: scheduled on every output's asset, which keeps their epoch log
+  watchers on (falkirk.airflow.assets); one run per batch of asset events.
+
+The DAG files in a pipeline folder's ``dags/`` (its consumers: DAGs scheduled on its
+assets) are loaded beside them (:func:`consumer_dags`).
 
 ``falkirk/airflow/dags/falkirk_pipelines.py`` only calls :func:`declared_dags`, so a new
 pipeline folder shows up in Airflow with no DAG file written or copied.
@@ -15,15 +20,19 @@ pipeline folder shows up in Airflow with no DAG file written or copied.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG
+from airflow.sdk import DAG, AssetAny
 
-from falkirk.airflow import batch, checks_tasks, names, streams, supervisor
+from falkirk.airflow import assets, batch, checks_tasks, names, streams, supervisor
 from falkirk.airflow import rollback_tasks as steps
 from falkirk.airflow.defaults import BATCH_EPOCH_RETRIES, DEFAULT_ARGS, TAGS, rollback_params
 from falkirk.airflow.maintenance import collect_garbage
@@ -160,6 +169,82 @@ without removing anything.
 """
 
 
+OUTPUTS_DOC = """
+# Outputs: the asset events of the `{p}` pipeline
+
+Scheduled on the asset of every table and topic `{p}` writes ({outputs}). Airflow runs an
+asset's watcher only while an unpaused DAG is scheduled on it: this DAG keeps them on
+(it is made unpaused; pausing it stops the events of stream commits and restatements
+unless another DAG is scheduled on the asset).
+
+- Each epoch a stream region commits is an event on each table or topic it wrote, from the
+  epoch log's watcher (extra under `payload`: pipeline, region, epoch, generation, table
+  and table_version, or topic and records); a batch region's run announces its own epochs
+  as its outlets (`falkirk_{p}_batch_<region>`).
+- Each rollback carried out (by `{rollback}`, the streams supervisor or `falkirk
+  rollback`) is an event on every table and topic of the regions it took back: `restated:
+  true`, from_epoch, to_epoch, generation, rollback_id. A dry run is none.
+
+Each run lists the events that triggered it (the run's *Asset Events*); its one task is
+an EmptyOperator, which no worker runs. No params.
+"""
+
+
+class EpochRunOperator(PythonOperator):
+    """A batch region's epoch in the task's own process; its outputs are its outlets,
+    announced with the epoch's extras, and its OpenLineage metadata the epoch's."""
+
+    def __init__(self, *, pipeline: str, region: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline, self.region = pipeline, region
+        self._lineage: Any = None
+
+    def execute(self, context: Any) -> Any:
+        epoch = super().execute(context)
+        self._lineage = assets.announce_epoch(context, load_pipeline(self.pipeline),
+                                              self.region, epoch)
+        return epoch
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self._lineage
+
+
+class EpochSubmitOperator(SparkSubmitOperator):
+    """:class:`EpochRunOperator` for a profile without an engine: the epoch by
+    spark-submit."""
+
+    def __init__(self, *, pipeline: str, region: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline, self.region = pipeline, region
+        self._lineage: Any = None
+
+    def execute(self, context: Any) -> Any:
+        super().execute(context)
+        epoch = batch.epoch_of(self.pipeline, context["data_interval_start"])
+        self._lineage = assets.announce_epoch(context, load_pipeline(self.pipeline),
+                                              self.region, epoch)
+        return epoch
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self._lineage
+
+
+class RollBackOperator(PythonOperator):
+    """The rollback DAG's roll_back: its OpenLineage metadata names what it restated."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._lineage: Any = None
+
+    def execute(self, context: Any) -> Any:
+        plan = super().execute(context)
+        self._lineage = assets.rollback_lineage(load_pipeline(plan["pipeline"]), plan)
+        return plan
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self._lineage
+
+
 def _continuous(dag_id: str, description: str, doc: str, tag: str, p: str) -> DAG:
     """A DAG that runs one run after another while unpaused (the stream DAGs)."""
     return DAG(
@@ -232,12 +317,15 @@ def batch_dag(pipeline: Pipeline, region: str) -> DAG:
         tags=[*TAGS, "batch", p],
         **batch.schedule(p, region),
     ) as dag:
+        outlets = assets.region_assets(pipeline, region)  # announced with the epoch
         if launch.client:  # a client of the engine, in the task's process
-            run = PythonOperator(task_id=region, python_callable=batch.run_epoch,
-                                 op_kwargs={"pipeline": p, "region": region},
-                                 **BATCH_EPOCH_RETRIES)
+            run = EpochRunOperator(task_id=region, python_callable=batch.run_epoch,
+                                   op_kwargs={"pipeline": p, "region": region},
+                                   pipeline=p, region=region, outlets=outlets,
+                                   **BATCH_EPOCH_RETRIES)
         else:
-            run = SparkSubmitOperator(task_id=region, **batch.submit_kwargs(p, region),
+            run = EpochSubmitOperator(task_id=region, **batch.submit_kwargs(p, region),
+                                      pipeline=p, region=region, outlets=outlets,
                                       **BATCH_EPOCH_RETRIES)
         check = PythonOperator(task_id="check_committed", python_callable=batch.verify_committed,
                                op_kwargs={"pipeline": p, "region": region})
@@ -269,7 +357,7 @@ def rollback_dag(pipeline: Pipeline) -> DAG:
         plan = PythonOperator(task_id="plan", python_callable=steps.plan, retries=0)
         carry_on = ShortCircuitOperator(task_id="carry_on", python_callable=steps.carry_on)
         pause = PythonOperator(task_id="pause_streams", python_callable=steps.pause_streams)
-        roll_back = PythonOperator(task_id="roll_back", python_callable=steps.roll_back)
+        roll_back = RollBackOperator(task_id="roll_back", python_callable=steps.roll_back)
         rerun = PythonOperator(task_id="rerun_and_replay",
                                python_callable=steps.rerun_and_replay)
         resume = PythonOperator(task_id="resume", python_callable=steps.resume)
@@ -298,9 +386,31 @@ def gc_dag(pipeline: Pipeline) -> DAG:
     return dag
 
 
+def outputs_dag(pipeline: Pipeline) -> DAG:
+    p = pipeline.name
+    outputs = assets.pipeline_assets(pipeline)
+    with DAG(
+        dag_id=names.outputs(p),
+        description=f"The asset events of {p}'s outputs: every committed epoch, every "
+                    "restatement",
+        doc_md=OUTPUTS_DOC.format(p=p, rollback=names.rollback(p), outputs=", ".join(
+            f"`{a.name}`" for a in outputs.values())),
+        schedule=AssetAny(*outputs.values()),
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=False,  # its schedule keeps the assets' watchers on
+        default_args=DEFAULT_ARGS,
+        tags=[*TAGS, "assets", p],
+    ) as dag:
+        EmptyOperator(task_id="announced")
+    return dag
+
+
 def pipeline_dags(pipeline: Pipeline) -> dict[str, DAG]:
     """Every DAG of one pipeline, by id."""
     dags = [rollback_dag(pipeline), gc_dag(pipeline)]
+    if assets.pipeline_assets(pipeline):
+        dags.append(outputs_dag(pipeline))
     if streams.stream_jobs(pipeline):
         dags += [streams_dag(pipeline), stream_checks_dag(pipeline)]
     dags += [batch_dag(pipeline, r) for r, spec in pipeline.regions.items()
@@ -320,4 +430,36 @@ def declared_dags() -> dict[str, DAG]:
             log.error("pipeline %s (%s) gets no DAGs: %s", name, path, exc)
             continue
         dags.update(pipeline_dags(pipeline))
+        for dag_id, dag in consumer_dags(pipeline).items():
+            if dag_id in dags:
+                log.error("%s: DAG %s is one of falkirk's own: left out", dag.fileloc, dag_id)
+                continue
+            dags[dag_id] = dag
     return dags
+
+
+def consumer_dags(pipeline: Pipeline) -> dict[str, DAG]:
+    """The DAGs of the DAG files in the pipeline folder's ``dags/``: its consumers (DAGs
+    scheduled on its assets), kept beside the declaration and parsed with falkirk's own,
+    so ``falkirk airflow start`` needs no other DAG folder. A file that does not import
+    is left out, its error logged naming it."""
+    folder = pipeline.folder / "dags"
+    found: dict[str, DAG] = {}
+    for path in sorted(folder.glob("*.py")) if folder.is_dir() else []:
+        try:
+            module = _import_file(path, f"falkirk_consumers_{pipeline.name}_{path.stem}")
+        except Exception:
+            log.exception("pipeline %s: DAG file %s does not import: its DAGs are left out",
+                          pipeline.name, path)
+            continue
+        found.update({d.dag_id: d for d in vars(module).values() if isinstance(d, DAG)})
+    return found
+
+
+def _import_file(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -32,6 +32,12 @@ def rollback(pipeline: str) -> str:
     return f"falkirk_{pipeline}_rollback"
 
 
+def outputs(pipeline: str) -> str:
+    """Scheduled on every output's asset: keeps their epoch log watchers on (Airflow runs
+    an asset's watcher only while an unpaused DAG is scheduled on it)."""
+    return f"falkirk_{pipeline}_outputs"
+
+
 def gc(pipeline: str) -> str:
     """Garbage collection by low watermark."""
     return f"falkirk_{pipeline}_gc"

@@ -39,7 +39,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from falkirk.config import CHECKOUT, STATE_DIR, load
+from falkirk.config import CHECKOUT, STATE_DIR, Config, load
 from falkirk.errors import FalkirkError
 from falkirk.runtime.procs import session_members
 
@@ -188,6 +188,7 @@ class LocalAirflow:
         plugins = plugins_folder()
         if plugins is not None:
             env["AIRFLOW__CORE__PLUGINS_FOLDER"] = plugins
+        env.update(lineage_settings(cfg, env))
         secret = (self.home / "secret").read_text().strip()
         env.update({
             "AIRFLOW_HOME": str(self.home),
@@ -382,6 +383,21 @@ class LocalAirflow:
         """Run Airflow's CLI against this instance, in place of this process."""
         command = [*airflow_command(), *args]
         os.execve(command[0], command, self.environment())
+
+
+def lineage_settings(cfg: Config, env: dict[str, str]) -> dict[str, str]:
+    """Airflow's OpenLineage provider sends its tasks' run events where ``cfg.lineage``
+    (``FALKIRK_LINEAGE``) says, in falkirk's namespace: the jobs its tasks start send
+    theirs there too. Settings the environment gives Airflow itself are kept."""
+    from falkirk.config import lineage_transport
+    from falkirk.io.lineage import NAMESPACE
+
+    transport = lineage_transport(cfg.lineage)
+    if transport is None:
+        return {}
+    return {k: env.get(k) or v for k, v in (
+        ("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps(transport)),
+        ("AIRFLOW__OPENLINEAGE__NAMESPACE", NAMESPACE))}
 
 
 def _read_int(path: Path) -> int | None:
