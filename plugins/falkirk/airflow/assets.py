@@ -133,7 +133,8 @@ def announce_epoch(context: Mapping[str, Any], pipeline: Pipeline, region: str,
     if row is None or row.status not in ("committed", "checkpointed"):
         raise AirflowFailException(
             f"{region} epoch {epoch}: the epoch log shows "
-            f"{'nothing' if row is None else row.status!r}, not committed: nothing announced")
+            f"{'nothing' if row is None else repr(row.status)}, not committed: nothing "
+            "announced")
     cfg = load()
     for place, written in epoch_outputs(pipeline, row).items():
         extra = commit_extra(pipeline.name, row, place, written)
