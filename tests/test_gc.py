@@ -298,3 +298,44 @@ def _log_start(broker, topic: str) -> int:
         return start
     finally:
         consumer.close()
+
+
+def test_checkpoints_are_folded_by_their_own_job_when_garbage_collection_asks(world, broker):
+    """agg (lazy, retain_checkpoints: 0) has checkpoints 1 and 3 and no failure takes it
+    below 3: collection itemises checkpoint 1 and asks agg's job to fold it (the store's one writer: a fold
+    beside a save deletes the save's files); the store is untouched until the job, between
+    two epochs, folds it, once."""
+    import pyarrow as pa
+
+    from falkirk.runtime.loop import JobRunner
+    from falkirk.state.checkpoints import CheckpointStore
+
+    cfg, log, _, _ = world
+    _produce(broker, 6)
+    cfg = replace(cfg, kafka_bootstrap=broker.bootstrap)
+    raw = copy.deepcopy(PIPE_DICT)
+    raw["regions"]["agg"]["retain_checkpoints"] = 0
+    pipe = Pipeline.from_dict(raw)
+    values = pa.schema([("total", pa.int64())])
+    store = CheckpointStore(cfg.table("_falkirk_state", "tiny", "agg"), values)
+    for k in (1, 3):
+        store.save(k, pa.table({"key": ["a"], "total": [k]},
+                               schema=pa.schema([("key", pa.string()), *values])))
+    report = collect(pipe, cfg, log, apply=True)
+    [item] = [i for i in report.items if i.kind == "checkpoints"]
+    assert (item.name, item.detail["keep_from"], item.detail["dropped"]) == ("agg", 3, [1])
+    assert log.folds("tiny") == {"agg": 3}
+    assert store.checkpoints() == [1, 3]  # asked, not done: its job folds them
+
+    job = JobRunner.__new__(JobRunner)  # what the fold uses of a running job
+    job.pipeline, job.log, job.persist, job.folded = pipe, log, True, {}
+    job.folds_read_at = float("-inf")
+    job.checkpoint_store = lambda region: store
+    job._fold_checkpoints({"agg", "report"})
+    assert store.checkpoints() == [3]
+    assert store.restore(3).to_pylist() == [{"key": "a", "total": 3}]
+    version = DeltaTable(store.uri).version()
+    job.folds_read_at = float("-inf")  # (requests are read every FOLDS_EVERY_S)
+    job._fold_checkpoints({"agg", "report"})  # asked once, done once
+    assert DeltaTable(store.uri).version() == version
+    assert log.collected("tiny").keys() <= set(PIPE.edges)  # fold requests are no edge's

@@ -45,6 +45,8 @@ class LocalRun:
         # How long a job waits for its inputs' next epoch before it fails (a sandbox must
         # not hang forever; the streams supervisor's jobs wait as long as it takes).
         self.idle_timeout_s = 300.0
+        self._house: Any = None  # keep_house's thread
+        self._house_stop: Any = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -117,6 +119,43 @@ class LocalRun:
             self.procs[job] = start_job(self.pipeline, job, args, self.cfg, self.env)
         if held and jobs is None:
             self._start_checks()
+
+    def keep_house(self, compact_every_s: float = 60.0) -> None:
+        """Beside the jobs, in a thread, what the streams supervisor's watch does beside a
+        deployed pipeline: compact the epoch log every ``compact_every_s`` and collect
+        garbage every ``gc_every_seconds`` (the pipeline's setting; 0: never) as the low
+        watermarks move. A failed round is logged and tried again; :meth:`stop_all` ends
+        it."""
+        import logging
+        import threading
+
+        from falkirk.recovery.gc import GarbageCollector
+
+        if self._house is not None and self._house.is_alive():
+            return
+        stop = self._house_stop = threading.Event()
+        gc_every = float(self.pipeline.settings.get("gc_every_seconds") or 0)
+        log = EpochLog.from_config(self.cfg)  # its own: the caller's is not shared
+        collector = GarbageCollector(self.pipeline, self.cfg, log) if gc_every else None
+        say = logging.getLogger(__name__)
+
+        def run() -> None:
+            compacted = collected = time.monotonic()
+            while not stop.wait(1.0):
+                now = time.monotonic()
+                try:
+                    if now - compacted >= compact_every_s:
+                        log.compact()
+                        compacted = now
+                    if collector is not None and now - collected >= gc_every:
+                        collector.step()
+                        collected = now
+                except Exception:
+                    say.exception("keeping house (compaction, garbage collection) failed; "
+                                  "trying again")
+
+        self._house = threading.Thread(target=run, name="falkirk-house", daemon=True)
+        self._house.start()
 
     def _start_checks(self) -> None:
         """Epochs are held until checked: run the validator beside the jobs (it ends once
@@ -200,6 +239,10 @@ class LocalRun:
         return row is not None and row.status == "running"
 
     def stop_all(self) -> None:
+        if self._house is not None:
+            self._house_stop.set()
+            self._house.join(timeout=120)
+            self._house = None
         for job in list(self.procs):
             if self.procs[job].poll() is None:
                 self.kill(job)

@@ -37,6 +37,8 @@ from falkirk.regimes import REGIMES
 from falkirk.solver.frontier import Edge, Entry, Problem, Region
 
 STATUSES = ("running", "committed", "checkpointed", "invalidated", "quarantined")
+#: Rows of the ``collected`` table that are fold requests (a region's, not an edge's).
+FOLD_PREFIX = "checkpoints:"
 #: The log's tables (each append-only, one file an append).
 LOG_TABLES = ("epochs", "rollbacks", "fences", "leases", "job_runs", "ends", "bounds",
               "collected", "checks")
@@ -402,9 +404,23 @@ class EpochLog:
         """Per logged edge: the time through which its log was dropped, and acked offsets."""
         out: dict[str, tuple[Any, dict | None]] = {}
         for row in self._read("collected", pipeline):
+            if row["edge"].startswith(FOLD_PREFIX):
+                continue
             out[row["edge"]] = (json.loads(row["through"]),
                                 None if row["offsets"] is None else json.loads(row["offsets"]))
         return out
+
+    def record_fold(self, pipeline: str, region: str, keep_from: int) -> None:
+        """Garbage collection asks ``region``'s job to fold its checkpoints older than
+        ``keep_from`` (``CheckpointStore.retain``): the job is its store's one writer, so
+        it does so itself, after its next epoch (a fold beside its save would lose it)."""
+        self.record_collected(pipeline, f"{FOLD_PREFIX}{region}", keep_from)
+
+    def folds(self, pipeline: str) -> dict[str, int]:
+        """Per region, the checkpoint garbage collection last asked it to keep from."""
+        return {row["edge"][len(FOLD_PREFIX):]: int(json.loads(row["through"]))
+                for row in self._read("collected", pipeline)
+                if row["edge"].startswith(FOLD_PREFIX)}
 
     def regions(self, pipeline: Pipeline) -> dict[str, RegionLog]:
         """The effective log per region.

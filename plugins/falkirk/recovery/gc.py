@@ -6,7 +6,9 @@ item with the rule that allows it (:data:`RULES`):
 
 - **checkpoints** (falkirk's own): a stateful region keeps its newest checkpoint at or
   below w(p), every later one, and ``retain_checkpoints`` older ones; older layers are
-  folded into one base and their files deleted;
+  folded into one base and their files deleted, by the region's own job after its next
+  epoch (the store's one writer: a fold beside its save would delete the save's files;
+  ``EpochLog.record_fold``);
 - **rows of declared logs**: a Delta table is a product, and its rows are never deleted
   unless the pipeline declares it a log (``retain_epochs: N`` on an edge of the table).
   Then rows of epochs that every receiver has passed for good (inside w(receiver), less
@@ -314,12 +316,11 @@ def _apply(pipeline: Pipeline, cfg: Config, log: EpochLog, report: GcReport,
 
     from falkirk.io.delta import vacuum_orphans
     from falkirk.io.kafka import commit_group_offsets, delete_records
-    from falkirk.state.checkpoints import CheckpointStore
 
+    asked = log.folds(pipeline.name)
     for region, keep_from in report.checkpoints.items():
-        store = CheckpointStore.open(cfg.table("_falkirk_state", pipeline.name, region), opts)
-        if store is not None:
-            store.retain(keep_from)
+        if asked.get(region, -1) < keep_from:  # its job folds them (the store's writer)
+            log.record_fold(pipeline.name, region, keep_from)
     acknowledged = report.of("acknowledge")
     before = log.collected(pipeline.name)
     for edge, through in collected.items():

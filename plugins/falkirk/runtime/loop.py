@@ -53,6 +53,9 @@ from falkirk.runtime.connectors import (
 from falkirk.runtime.job import EpochContext, EpochResult, JobLogic, RuntimeFailure
 
 log = logging.getLogger("falkirk.runtime")
+#: How often a job reads garbage collection's fold requests (between epochs; a read of
+#: the epoch log costs an epoch tens of ms, collection runs every minute or so).
+FOLDS_EVERY_S = 20.0
 
 class Fenced(RuntimeFailure):
     """A rollback to ``generation`` fenced the job's regions: it records no more epochs."""
@@ -140,6 +143,8 @@ class JobRunner:
             r: outputs_for(self.wiring, r, persist) for r in self.regions}
         self.watch = None  # a FenceWatch, set when the job parks (JobDriver)
         self.prepared: int | None = None  # the epoch the job prepared ahead
+        self.folded: dict[str, int] = {}  # region -> the fold request carried out last
+        self.folds_read_at = float("-inf")  # monotonic: when the fold requests were read
 
     # -- setup --------------------------------------------------------------------------
 
@@ -360,6 +365,7 @@ class JobRunner:
                 saved = (r, epochs[-1]) in state_refs
                 self.unsaved[r] = None if saved else self.unsaved[r] + len(epochs)
         t = self._spent("epoch log", t)
+        self._fold_checkpoints(active)
         self.logic.finish_epoch(ctx)
         for r in active:
             if self.pipeline.regions[r].keeps_state:
@@ -581,6 +587,30 @@ class JobRunner:
             refused.append(bad)
             handle = c.prepare(df, epochs)
         prepared[id(c)] = (c, handle, epochs)
+
+    def _fold_checkpoints(self, active: set[str]) -> None:
+        """Fold the checkpoints garbage collection no longer needs (its request in the
+        epoch log, :meth:`EpochLog.record_fold`): here, between epochs, since this job is
+        its stores' one writer and a fold beside a save would delete the save's files."""
+        keeping = [r for r in active if self.pipeline.regions[r].keeps_state]
+        if not self.persist or not keeping \
+                or time.monotonic() - self.folds_read_at < FOLDS_EVERY_S:
+            return
+        self.folds_read_at = time.monotonic()
+        asked = self.log.folds(self.pipeline.name)
+        for r in keeping:
+            keep_from = asked.get(r)
+            if keep_from is None or keep_from <= self.folded.get(r, -1):
+                continue
+            store = self.checkpoint_store(r)
+            if keep_from not in store.checkpoints():  # gone already, or not this store's
+                self.folded[r] = keep_from
+                continue
+            info = store.retain(keep_from)
+            self.folded[r] = keep_from
+            if info.dropped:
+                log.info("%s: checkpoints %s folded into %d (garbage collection)", r,
+                         info.dropped, keep_from)
 
     def _checkpoint(self, region: str, states: list[tuple[int, Any]], refs: dict) -> None:
         """Save the region's state as of each of these epochs (one commit); ``refs`` names

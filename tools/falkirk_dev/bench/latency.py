@@ -82,7 +82,8 @@ def _wait_started(run, jobs: list[str], timeout_s: float) -> None:
 
 
 def live(rate: float, minutes: float, drain_s: float, console,
-         outage: tuple[float, float] | None = None) -> dict[str, Any]:
+         outage: tuple[float, float] | None = None, logs_to: Path | None = None
+         ) -> dict[str, Any]:
     """Run the deployed pipeline on input produced in real time; with ``outage=(at_s,
     for_s)`` kill every job ``at_s`` seconds into the input and start them again (after a
     rollback) ``for_s`` seconds later. Returns the queries' (produced, latency) points,
@@ -107,6 +108,7 @@ def live(rate: float, minutes: float, drain_s: float, console,
                                                 "queries": generate.QUERY_PARTITIONS})
         with console.status("starting the jobs…"):
             run.start(until_epoch=epochs - 1)
+            run.keep_house()  # compaction and garbage collection, as a deployment's watch
             _wait_started(run, list(run.jobs), 600)
         total = len(g.events) + len(g.queries)
         paced = total / (epochs * epoch_s)  # records/s: event time = wall time
@@ -144,6 +146,12 @@ def live(rate: float, minutes: float, drain_s: float, console,
                 codes = {"not finished": str(exc)}
                 run.stop_all()
         answered = answer_times(run.cfg.kafka_bootstrap, "responses")
+        if logs_to is not None:  # the jobs' own logs: where each epoch's time went
+            import shutil
+
+            shutil.rmtree(logs_to, ignore_errors=True)
+            shutil.copytree(run.log_file(next(iter(run.jobs))).parent, logs_to)
+            console.log(f"the jobs' logs: {logs_to}")
     # Production order is the merge by timestamp that produce() sends in, paced.
     merged = heapq.merge(((ts, 0, i) for i, (_, _, ts) in enumerate(g.events)),
                          ((ts, 1, i) for i, (_, _, ts) in enumerate(g.queries)))
@@ -206,7 +214,8 @@ def main(args: Namespace) -> dict:
     rate = float(args.rate or 5000)
     minutes = float(args.minutes or 5)
     started_at = time.time()
-    got = live(rate, minutes, float(args.drain_minutes or 15) * 60, console)
+    got = live(rate, minutes, float(args.drain_minutes or 15) * 60, console,
+               logs_to=_logs_folder(args))
     epoch_s, points = got["epoch_s"], got["points"]
     pct = percentiles([lat for _, lat in points], got["unanswered"])
     out: dict[str, Any] = {
@@ -249,7 +258,7 @@ def catchup(args: Namespace) -> dict:
     started_at = time.time()
     got = live(rate, before_min + outage_min + after_min,
                float(args.drain_minutes or 15) * 60, console,
-               outage=(before_min * 60, outage_min * 60))
+               outage=(before_min * 60, outage_min * 60), logs_to=_logs_folder(args))
     epoch_s, points = got["epoch_s"], got["points"]
     restarted = got["restarted_s"]
     back = back_within(points, restarted, 1.5 * epoch_s)
@@ -278,6 +287,16 @@ def catchup(args: Namespace) -> dict:
             {"answer latency": points[::step]}))
         console.print(f"JSON: {path}; plot: {path.with_suffix('.svg')}")
     return out
+
+
+def _logs_folder(args: Namespace) -> Path | None:
+    """Where a run's job logs are kept: ``var/bench/logs/<the JSON's name>`` (not beside
+    the figures: they are large and not figures)."""
+    if not getattr(args, "json", None):
+        return None
+    from falkirk.config import load
+
+    return Path(load().var_dir) / "bench" / "logs" / Path(args.json).stem
 
 
 def _round(v: float | None) -> float | None:
