@@ -411,3 +411,27 @@ def test_a_batch_task_failed_for_good_fails_the_campaign_though_its_run_succeede
     demo.steady.error = TimeoutError("no broker answered within 120 s")
     with pytest.raises(RuntimeError, match="steady input's producer failed: TimeoutError"):
         AirflowDemo.check_failures(demo, ok)
+
+
+def test_latency_after_each_kill_is_back_within_one_and_a_half_epochs_until_the_next():
+    """A query every second for 6 minutes, answered 5 s later except for a minute after
+    each of two kills (40 s late): the first kill's latency is back 60 s after it, the
+    second's too; a kill whose lateness lasts past the next strike is not back."""
+    from datetime import UTC, datetime
+
+    start = 1_000_000.0
+    kills_at = (60.0, 200.0)
+    sent = {f"q{i}": start + i for i in range(360)}
+    answered = {q: t + (40.0 if any(k <= t - start < k + 60 for k in kills_at) else 5.0)
+                for q, t in sent.items()}
+    kills = [{"target": "job", "wall": datetime.fromtimestamp(start + k, UTC)}
+             for k in kills_at]
+    out = chaos_airflow.latency_after_kills(kills, sent, answered, epoch_s=10.0)
+    assert [k["latency_back_s"] for k in kills] == [60.0, 60.0]
+    assert out["latency_back_s_p95"] == 60.0
+    assert out["latency_not_back_before_next_strike"] == 0
+    assert out["latency_p50_s"] == 5.0
+    late = [{"target": "job", "wall": datetime.fromtimestamp(start + k, UTC)}
+            for k in (60.0, 90.0)]  # the next strike before the first is back
+    assert chaos_airflow.latency_after_kills(late, sent, answered, 10.0)[
+        "latency_not_back_before_next_strike"] == 1

@@ -196,6 +196,7 @@ class SteadyInput:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.ended_at: datetime | None = None  # bounded: every epoch complete
+        self.started_wall: float | None = None  # when the producer began (time.time())
 
     @property
     def seconds(self) -> float:
@@ -216,6 +217,7 @@ class SteadyInput:
 
         try:
             started = time.monotonic()
+            self.started_wall = time.time()
             sent = G.produce(self.run.cfg.kafka_bootstrap, G.EVENTS_TOPIC, G.QUERIES_TOPIC,
                              self.generated.events, self.generated.queries, rate=self.rate,
                              on_acked=self._acked)
@@ -254,6 +256,21 @@ class SteadyInput:
         from falkirk_dev import generate as G
 
         return {G.EVENTS_TOPIC: self.generated.events, G.QUERIES_TOPIC: self.generated.queries}
+
+    def query_times(self) -> dict[str, float]:
+        """Per query id, when it was due at the rate (wall-clock seconds): its place in the
+        merged stream the producer paces (:func:`falkirk_dev.generate.produce`), as the
+        latency benchmark counts it."""
+        import heapq
+        import json
+
+        g, start = self.generated, getattr(self, "started_wall", None)
+        if start is None:
+            return {}
+        merged = heapq.merge(((ts, 0, i) for i, (_, _, ts) in enumerate(g.events)),
+                             ((ts, 1, i) for i, (_, _, ts) in enumerate(g.queries)))
+        return {json.loads(g.queries[i][1])["query_id"]: start + n / self.rate
+                for n, (_, stream, i) in enumerate(merged) if stream == 1}
 
     @property
     def done(self) -> bool:
