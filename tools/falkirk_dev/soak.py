@@ -3,13 +3,16 @@ garbage collection running as it does beside a deployed pipeline: does what it k
 bounded, and do restores, epochs and drivers stay as cheap at the end as at the start?
 
 The reference pipeline is copied with ``settings.epoch_seconds`` set to ``--epoch-seconds``
-and seeded input of ``--epochs`` epochs (``--events-per-epoch`` events each) is produced
-up front; its failure-free run gives the outputs to compare with. Then the same input runs
-again while, every ``--kill-every`` epochs of progress (the slowest region's), something
-is broken at a random moment as the fault campaign does (:class:`falkirk_dev.chaos.
-Campaign`: a job, a rollback, a commit, a checkpoint, the broker) and recovered as the
-streams supervisor recovers it. Beside it, as the supervisor's watch does: the epoch log
-is compacted, and garbage is collected with the low watermarks kept incrementally
+and seeded input of ``--epochs`` epochs (``--events-per-epoch`` events each); its
+failure-free run (the input there up front) gives the outputs to compare with. Then the
+same input is produced at the rate that makes an epoch of it every ``--epoch-seconds``
+(:class:`falkirk_dev.harness.SteadyInput`), as a deployed pipeline's source would, so the
+run lasts about epochs × epoch seconds, while, every ``--kill-every`` epochs of progress
+(the slowest region's), something is broken at a random moment as the fault campaign
+does (:class:`falkirk_dev.chaos.Campaign`: a job, a rollback, a commit, a checkpoint, the
+broker) and recovered as the streams supervisor recovers it. Beside it, as the
+supervisor's watch does: the epoch log is compacted, and garbage is collected with the
+low watermarks kept incrementally
 (:class:`falkirk.recovery.gc.GarbageCollector`).
 
 Reported per quarter of the epochs (JSON keys of issue 57): the bytes on disk of each
@@ -189,7 +192,7 @@ def soak(workdir: Path, epochs: int, epoch_seconds: float, kill_every: int,
     """Run the soak (the module docstring); its figures."""
     from falkirk.local.broker import LocalBroker
     from falkirk.recovery.gc import GarbageCollector
-    from falkirk_dev.harness import LocalRun, compare
+    from falkirk_dev.harness import LocalRun, SteadyInput, compare
 
     pipeline = short_epochs(workdir / "pipeline", epoch_seconds)
     data = input_of(events_per_epoch * epochs, epochs)
@@ -205,7 +208,8 @@ def soak(workdir: Path, epochs: int, epoch_seconds: float, kill_every: int,
     t_start = time.monotonic()
     with LocalBroker(workdir / "soak" / "broker") as broker, \
             LocalRun(workdir / "soak", pipeline, broker=broker) as run:
-        run.generate(**data)
+        rate = (data["events"] + data["queries"]) / (epochs * epoch_seconds)
+        steady = SteadyInput(run, rate, **data).start()
         run.start(until_epoch=last)
         campaign = Campaign(run, broker, rng, say)
         collector = GarbageCollector(run.pipeline, run.cfg, run.log,
@@ -213,6 +217,7 @@ def soak(workdir: Path, epochs: int, epoch_seconds: float, kill_every: int,
         next_kill, looked, collected, compacted = kill_every, 0.0, 0.0, time.monotonic()
         at = -1
         while not _all_done(run):
+            steady.check()
             if run.failed_jobs():
                 campaign.recover()
                 continue
