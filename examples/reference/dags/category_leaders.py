@@ -25,8 +25,7 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from falkirk.airflow.assets import epoch_events, lake_asset, output_asset
-from falkirk.config import load
+from falkirk.airflow.assets import epoch_events, lake_asset, lake_table, output_asset
 
 PIPELINE = "reference"
 ITEM_POPULARITY = output_asset(PIPELINE, "item_popularity")
@@ -48,9 +47,8 @@ def read_epochs(first: int, last: int, version: int | None) -> tuple[Any, int]:
     the version read."""
     from deltalake import DeltaTable
 
-    cfg = load()
-    table = DeltaTable(cfg.table("item_popularity"), version=version,
-                       storage_options=cfg.delta_storage_options or None)
+    uri, opts = lake_table("item_popularity")
+    table = DeltaTable(uri, version=version, storage_options=opts)
     rows = table.to_pyarrow_table(filters=[("epoch", ">=", first), ("epoch", "<=", last),
                                            ("rank", "=", 1)],
                                   columns=["epoch", "category", "item_id", "revenue"])
@@ -62,8 +60,7 @@ def replace_epochs(first: int, last: int, rows: Any, version: int, generation: i
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    cfg = load()
-    uri, opts = cfg.table(LEADERS_TABLE), cfg.delta_storage_options or None
+    uri, opts = lake_table(LEADERS_TABLE)
     schema = leaders_schema()
     n = rows.num_rows
     out = pa.table({"epoch": rows["epoch"], "category": rows["category"],

@@ -102,6 +102,13 @@ def lake_asset(name: str, table: str, cfg: Config | None = None) -> Asset:
     return Asset(name=name, uri=asset_uri(cfg or load(), Place("table", table)))
 
 
+def lake_table(table: str, cfg: Config | None = None) -> tuple[str, dict[str, str] | None]:
+    """Where a table of the lake is and the storage options to open it with (delta-rs),
+    so a consumer DAG reads and writes the tables where the pipeline does."""
+    cfg = cfg or load()
+    return cfg.table(table), cfg.delta_storage_options or None
+
+
 def pipeline_assets(pipeline: Pipeline, cfg: Config | None = None) -> dict[Place, Asset]:
     """Every output of the pipeline as its asset."""
     cfg = cfg or load()
