@@ -45,6 +45,20 @@ def test_the_figures_of_each_quarter_come_from_its_samples_kills_and_epochs():
     assert out["rss_mb"] == [10.5, 12.5, 14.5, 16.5]
 
 
+def test_the_targets_compare_the_last_quarter_with_the_second():
+    """Issue 57: bytes ≤ 1.1× and restore and epoch times ≤ 1.2× the second quarter's,
+    memory ≤ 1.1×; a quarter without a figure meets nothing; recoveries within 30 s."""
+    result = {"bytes_by_store": {"tables": [5, 100, 150, 110], "topics": [1, 10, 12, 12]},
+              "restore_s": [2.0, 4.0, 4.0, 4.9], "epoch_s": [1.0, 1.0, 1.0, 1.1],
+              "rss_mb": [500.0, None, 600.0, 600.0], "recoveries_s": [3.0, 31.0, None, 30.0]}
+    out = soak.against_targets(result)
+    assert out["last_over_second"] == {"bytes.tables": 1.1, "bytes.topics": 1.2,
+                                       "restore_s": 1.225, "epoch_s": 1.1, "rss_mb": None}
+    assert out["met"] == {"bytes.tables": True, "bytes.topics": False, "restore_s": False,
+                          "epoch_s": True, "rss_mb": False}
+    assert (out["recovered_within_30s"], out["recoveries"]) == (2, 4)
+
+
 @pytest.mark.slow
 @pytest.mark.system
 def test_a_short_soak_keeps_checkpoints_bounded_and_loses_nothing(tmp_path):

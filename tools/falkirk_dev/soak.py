@@ -264,8 +264,35 @@ def soak(workdir: Path, epochs: int, epoch_seconds: float, kill_every: int,
         "gc_failures": gc_failures, "outputs_differ": result["outputs_differ"],
         "minutes": round((time.monotonic() - t_start) / 60, 1),
         "watermarks_rebuilt": collector.marks.rebuilt,
+        "recoveries_s": [k.get("recovery_s") for k in counted],
         "samples": samples,
     }
+
+
+#: Issue 57's targets: the last quarter over the second, at most.
+TARGETS = {"bytes": 1.1, "restore_s": 1.2, "epoch_s": 1.2, "rss_mb": 1.1}
+RECOVERY_GOAL_S = 30.0
+
+
+def against_targets(result: dict[str, Any]) -> dict[str, Any]:
+    """The last quarter over the second of each store's bytes and of the restore, epoch
+    and memory figures, each with its target and whether it is met; the kills recovered
+    within 30 s."""
+    def ratio(values: list[Any]) -> float | None:
+        q2, q4 = values[1], values[3]
+        return None if not q2 or q4 is None else round(q4 / q2, 3)
+
+    out: dict[str, Any] = {}
+    for store, values in result["bytes_by_store"].items():
+        out[f"bytes.{store}"] = ratio(values)
+    for key in ("restore_s", "epoch_s", "rss_mb"):
+        out[key] = ratio(result[key])
+    met = {k: v is not None and v <= TARGETS[k.split(".")[0]] for k, v in out.items()}
+    recoveries = result.get("recoveries_s", [])
+    return {"last_over_second": out, "met": met,
+            "recovered_within_30s": sum(1 for r in recoveries
+                                        if r is not None and r <= RECOVERY_GOAL_S),
+            "recoveries": len(recoveries)}
 
 
 def store_svg(result: dict[str, Any]) -> str:
@@ -304,6 +331,7 @@ def main(args: Namespace) -> int:
         f"sandboxes under {workdir}")
     result = soak(workdir, args.epochs, args.epoch_seconds, args.kill_every,
                   args.events_per_epoch, args.seed, say)
+    result["targets"] = against_targets(result)
     console.print_json(json.dumps({k: v for k, v in result.items() if k != "samples"}))
     if args.json:
         from falkirk_dev.bench import write_figures
