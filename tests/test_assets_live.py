@@ -177,8 +177,10 @@ def _rerun_one_by_one(cfg, epochs: list[int], seed: int) -> dict[int, list[tuple
     (docs/assets.md), which a live pipeline's next commit brings and this log does not."""
     out: dict[int, list[tuple]] = {}
     for e in epochs:
-        out |= _rerun_popularity(cfg, [e], seed)
-        _wait(f"the consumer applied epoch {e}", lambda e=e: _leaders(cfg).get(e) == out[e])
+        rows = _rerun_popularity(cfg, [e], seed)[e]
+        out[e] = rows
+        _wait(f"the consumer applied epoch {e}",
+              lambda e=e, rows=rows: _leaders(cfg).get(e) == rows)
     return out
 
 

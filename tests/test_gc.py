@@ -302,9 +302,9 @@ def _log_start(broker, topic: str) -> int:
 
 def test_checkpoints_are_folded_by_their_own_job_when_garbage_collection_asks(world, broker):
     """agg (lazy, retain_checkpoints: 0) has checkpoints 1 and 3 and no failure takes it
-    below 3: collection itemises checkpoint 1 and asks agg's job to fold it (the store's one writer: a fold
-    beside a save deletes the save's files); the store is untouched until the job, between
-    two epochs, folds it, once."""
+    below 3: collection itemises checkpoint 1 and asks agg's job to fold it (the store's
+    one writer: a fold beside a save deletes the save's files); the store is untouched
+    until the job, between two epochs, folds it, once."""
     import pyarrow as pa
 
     from falkirk.runtime.loop import JobRunner

@@ -52,10 +52,10 @@ def test_the_targets_compare_the_last_quarter_with_the_second():
               "restore_s": [2.0, 4.0, 4.0, 4.9], "epoch_s": [1.0, 1.0, 1.0, 1.1],
               "rss_mb": [500.0, None, 600.0, 600.0], "recoveries_s": [3.0, 31.0, None, 30.0]}
     out = soak.against_targets(result)
-    assert out["last_over_second"] == {"bytes.tables": 1.1, "bytes.topics": 1.2,
+    assert out["last_over_second"] == {"bytes_by_store": {"tables": 1.1, "topics": 1.2},
                                        "restore_s": 1.225, "epoch_s": 1.1, "rss_mb": None}
-    assert out["met"] == {"bytes.tables": True, "bytes.topics": False, "restore_s": False,
-                          "epoch_s": True, "rss_mb": False}
+    assert out["met"] == {"bytes_by_store": {"tables": True, "topics": False},
+                          "restore_s": False, "epoch_s": True, "rss_mb": False}
     assert (out["recovered_within_30s"], out["recoveries"]) == (2, 4)
 
 

@@ -282,14 +282,16 @@ def against_targets(result: dict[str, Any]) -> dict[str, Any]:
         q2, q4 = values[1], values[3]
         return None if not q2 or q4 is None else round(q4 / q2, 3)
 
-    out: dict[str, Any] = {}
-    for store, values in result["bytes_by_store"].items():
-        out[f"bytes.{store}"] = ratio(values)
+    ratios: dict[str, Any] = {"bytes_by_store": {
+        store: ratio(values) for store, values in result["bytes_by_store"].items()}}
+    met: dict[str, Any] = {"bytes_by_store": {
+        store: r is not None and r <= TARGETS["bytes"]
+        for store, r in ratios["bytes_by_store"].items()}}
     for key in ("restore_s", "epoch_s", "rss_mb"):
-        out[key] = ratio(result[key])
-    met = {k: v is not None and v <= TARGETS[k.split(".")[0]] for k, v in out.items()}
+        ratios[key] = r = ratio(result[key])
+        met[key] = r is not None and r <= TARGETS[key]
     recoveries = result.get("recoveries_s", [])
-    return {"last_over_second": out, "met": met,
+    return {"last_over_second": ratios, "met": met,
             "recovered_within_30s": sum(1 for r in recoveries
                                         if r is not None and r <= RECOVERY_GOAL_S),
             "recoveries": len(recoveries)}

@@ -73,9 +73,12 @@ def value_at(data: dict[str, Any], key: str) -> Any:
         return DERIVED[key[1:]](data)
     node: Any = data
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]  # an item of a list (a quarter of the soak's)
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
             return MISSING
-        node = node[part]
     return node
 
 
