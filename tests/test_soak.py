@@ -81,3 +81,26 @@ def test_a_short_soak_keeps_checkpoints_bounded_and_loses_nothing(tmp_path):
     assert checkpoints[3] <= 2 * checkpoints[0], checkpoints
     json.dumps(result)  # the figures are JSON
     assert "<svg" in soak.store_svg(result)
+
+
+def test_a_folder_deleted_while_its_bytes_are_counted_is_passed_over(tmp_path):
+    """A writer's _temporary folder goes while the soak counts a table's bytes: the count
+    goes on without it (Path.rglob raised FileNotFoundError and ended a soak)."""
+    import shutil
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "f").write_bytes(b"x" * 10)
+    (tmp_path / "b" / "_temporary").mkdir(parents=True)
+    (tmp_path / "b" / "_temporary" / "g").write_bytes(b"y" * 5)
+    (tmp_path / "c").write_bytes(b"z" * 3)
+
+    def delete_the_other(p):  # the interleaving: in a's file, b goes; in b's, a does
+        other = "b" if p.parent.name == "a" else "a" if p.parent.name == "_temporary" \
+            else None
+        if other:
+            shutil.rmtree(tmp_path / other, ignore_errors=True)
+        return False
+
+    # whichever folder the walk lists first, the other is gone before it is entered
+    assert soak.folder_bytes(tmp_path, skip=delete_the_other) in (13, 8)
+    assert soak.folder_bytes(tmp_path / "gone") == 0

@@ -30,6 +30,7 @@ Run: ``falkirk soak --epochs 2000 --epoch-seconds 1 --kill-every 100 --json OUT`
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import statistics
@@ -70,14 +71,16 @@ def short_epochs(dest: Path, epoch_seconds: float) -> Path:
 def folder_bytes(path: Path, skip: Callable[[Path], bool] = lambda p: False) -> int:
     """Bytes of the files under ``path`` (0 when it is not there)."""
     total = 0
-    if not path.exists():
-        return 0
-    for p in path.rglob("*"):
-        try:
-            if p.is_file() and not skip(p):
-                total += p.stat().st_size
-        except FileNotFoundError:  # deleted while we looked (a vacuum, a compaction)
-            continue
+    # os.walk passes over a folder deleted while it walks (a writer's _temporary, a
+    # vacuum), where Path.rglob raises
+    for folder, _, files in os.walk(path):
+        for name in files:
+            p = Path(folder) / name
+            try:
+                if not skip(p):
+                    total += p.stat().st_size
+            except FileNotFoundError:  # deleted while we looked (a vacuum, a compaction)
+                continue
     return total
 
 
