@@ -107,3 +107,12 @@ def test_a_figure_with_provenance_renders_its_table_and_its_source(tmp_path):
     text = report.render(figures, docs)[docs / "benchmarks.md"]
     assert "| seconds | 1.2 s | ≤ 2 s |" in text
     assert "[tiny.json](figures/tiny.json) | `falkirk bench tiny` |" in text
+
+
+def test_a_dotted_key_reads_into_dicts_and_lists():
+    """The soak's quarters are lists: ``bytes_by_store.tables.3`` is the last quarter's."""
+    data = {"bytes_by_store": {"tables": [1, 2, 3, 4]}, "rows": [{"n": 5}]}
+    assert report.value_at(data, "bytes_by_store.tables.3") == 4
+    assert report.value_at(data, "rows.0.n") == 5
+    assert report.value_at(data, "bytes_by_store.tables.4") is report.MISSING
+    assert report.value_at(data, "rows.x") is report.MISSING

@@ -175,8 +175,9 @@ def matrix_table(files: list[Shown], table: dict[str, Any]) -> dict[str, Any]:
             cells = [label]
             for col in table["columns"]:
                 where = col["key"] if key is None else col["key"].format(row=key)
-                cells.append(fmt(value_at(source, where),
-                                 row.get("format", col.get("format", "{}"))))
+                spec = col["format"] if col.get("own_format") else \
+                    row.get("format", col.get("format", "{}"))  # (a ratio column's own)
+                cells.append(fmt(value_at(source, where), spec))
             body.append(cells + ([f.name] if many else []))
     return {"header": header + (["file"] if many else []),
             "rows": [[_cell(c) for c in r] for r in body]}
