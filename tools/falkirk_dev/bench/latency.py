@@ -92,7 +92,10 @@ def live(rate: float, minutes: float, drain_s: float, console,
     from falkirk_dev import generate
     from falkirk_dev.harness import LocalRun
 
-    with tempfile.TemporaryDirectory(prefix="falkirk-latency-") as tmp, \
+    # ignore_cleanup_errors: a killed job's last files can land while the folder goes
+    # (a catch-up run crashed at its end on "Directory not empty" after its figures)
+    with tempfile.TemporaryDirectory(prefix="falkirk-latency-",
+                                     ignore_cleanup_errors=True) as tmp, \
             LocalRun(Path(tmp) / "live") as run:
         s = run.pipeline.settings
         epoch_s = float(s["epoch_seconds"])
@@ -136,6 +139,7 @@ def live(rate: float, minutes: float, drain_s: float, console,
                 time.sleep(max(0.0, fed["start"] + at_s + for_s - time.time()))
                 run.rollback(failed=list(run.pipeline.regions), reason="bench: outage")
                 run.start()
+                run.keep_house()  # stop_all ended it with the jobs
                 restarted_at = time.time()
                 console.log("outage over: jobs rolled back and started again")
             producer.join()
