@@ -81,10 +81,12 @@ def test_a_short_long_run_reports_every_epoch_with_its_spark_jobs_and_memory(tmp
 def test_a_short_latency_run_answers_every_query_produced_in_real_time(tmp_path):
     from falkirk_dev.bench import latency
 
-    out = latency.main(Namespace(rate=60, minutes=20 / 60, drain_minutes=6,
-                                 json=str(tmp_path / "latency.json")))
-    assert out["epochs"] == 2 and out["unanswered"] == 0
+    out = latency.main(Namespace(rate=60, minutes=20 / 60, warmup_minutes=10 / 60,
+                                 drain_minutes=6, json=str(tmp_path / "latency.json")))
+    assert out["epochs"] == 3 and out["unanswered"] == 0
     assert out["answered"] == out["queries"] > 0
+    # the warm-up's queries are answered too, and reported apart from the measured ones
+    assert out["warmup_minutes"] == 10 / 60 and out["warmup_p95_s"] > 0
     # an answer comes after its query, and within the run
     assert 0 < out["p50_s"] <= out["p99_s"] < 6 * 60
     assert out["p95_epochs"] == round(out["p95_s"] / out["epoch_seconds"], 2)

@@ -170,6 +170,24 @@ def test_a_job_starting_while_the_broker_is_down_waits_for_it(tmp_path, caplog):
     made[0].consumer.close()
 
 
+def test_a_big_range_is_read_in_tasks_of_a_bounded_size(spark, broker):
+    """A catch-up pass's range is split into Spark tasks of at most
+    ``maxRecordsPerPartition`` records, so the engine's scheduler can give other jobs'
+    tasks a core between them; every record is read once."""
+    from pyspark.sql import functions as F
+
+    from falkirk.io.kafka import READ_OPTIONS
+
+    bound = int(READ_OPTIONS["maxRecordsPerPartition"])
+    broker.create_topic("kio-big", 1)
+    send(broker.bootstrap, "kio-big", [b'{"id":"%d"}' % i for i in range(2 * bound + 5)], 0)
+    df = read_range(spark, broker.bootstrap, "kio-big", Offsets({"0": 0}),
+                    Offsets({"0": 2 * bound + 5}), "id string")
+    tasks = df.groupBy(F.spark_partition_id().alias("task")).count().collect()
+    assert len(tasks) == 3 and max(r["count"] for r in tasks) <= bound
+    assert df.select("offset").distinct().count() == 2 * bound + 5
+
+
 def test_produce_sends_every_row_and_counts_them(spark, broker):
     broker.create_topic("kio-out", 2)
     df = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(50)], "key string, value string")

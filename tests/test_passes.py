@@ -38,6 +38,9 @@ def test_passes_give_every_table_and_answer_of_epoch_by_epoch_processing(golden,
     passes, sent, done = run_with(tmp_path / "passes", max_pass=30)
     assert any("in one pass" in line for line in done["jobs/ingest.py"]), done
     assert any("in one pass" in line for line in done["jobs/serve.py"]), done
+    # big passes ran with Spark's generated code, and gave the same tables (below)
+    assert "generated code on" in (tmp_path / "passes" / "var" / "log" /
+                                   "reference-ingest.log").read_text()
     one, _, done_one = run_with(tmp_path / "one", max_pass=1)
     assert not any("in one pass" in line for lines in done_one.values() for line in lines)
     assert_same(golden, passes)

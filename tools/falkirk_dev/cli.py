@@ -197,8 +197,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "rounds of each variant")
     p.add_argument("--rate", type=float, help="latency: events/s produced in real time "
                    "(default 5,000)")
-    p.add_argument("--minutes", type=float, help="latency: minutes of input (default 5); "
-                   "catchup: minutes before the outage (default 2)")
+    p.add_argument("--minutes", type=float, help="latency: minutes of input measured "
+                   "(default 5); catchup: minutes before the outage (default 2)")
+    p.add_argument("--warmup-minutes", type=float, help="latency: minutes of input before "
+                   "the measured ones, reported apart (default 2)")
     p.add_argument("--outage-minutes", type=float, help="catchup: minutes every job is "
                    "down while input keeps coming (default 5)")
     p.add_argument("--after-minutes", type=float, help="catchup: minutes of input after the "

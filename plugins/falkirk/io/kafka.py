@@ -247,7 +247,13 @@ def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
 #: (500 ms) an epoch's read of a few hundred records took ~1 s more (``falkirk bench
 #: kafka``, docs/jobs.md "What an epoch cost"); a range's records are all there before it
 #: is read, so a short wait costs nothing but quicker empty fetches.
-READ_OPTIONS = {"failOnDataLoss": "true", "kafka.fetch.max.wait.ms": "10"}
+# maxRecordsPerPartition: a big range (a catch-up pass: 1.5 million events in 3
+# partitions) is read in tasks of at most this many records, not one task per Kafka
+# partition: the engine's scheduler shares cores between jobs task by task, and three
+# tasks of a minute each held both cores from the other jobs (a pass of serve's waited
+# 230 s). An epoch at 5,000 events/s is still a task per partition.
+READ_OPTIONS = {"failOnDataLoss": "true", "kafka.fetch.max.wait.ms": "10",
+                "maxRecordsPerPartition": "20000"}
 
 
 def read_range(spark: SparkSession, bootstrap: str, topic: str, start: Offsets, end: Offsets,
@@ -312,8 +318,15 @@ def produce(df: DataFrame, bootstrap: str, topic: str,
             F.struct(F.lit(k).alias("key"),
                      (v if not isinstance(v, str) else F.lit(v)).cast("binary").alias("value"))
             for k, v in headers.items())))
-    df = df.persist()  # counted, then sent: computed once
+    # Sent, then counted from the cache the send filled: computed once, and the count's
+    # Spark job is off the path of the records (an answer is read the moment it is sent;
+    # its count only goes to the epoch log).
+    df = df.persist()
     try:
+        sent = df if by is None else df.drop(by[0])
+        (sent.write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+         .option("topic", topic).option("kafka.acks", "all")
+         .option("kafka.enable.idempotence", "true").save())
         if by is None:
             counts = {-1: df.count()}
         else:
@@ -321,10 +334,6 @@ def produce(df: DataFrame, bootstrap: str, topic: str,
             found = {int(r[0]): int(r[1])
                      for r in df.groupBy(column).count().collect()}
             counts = {v: found.get(v, 0) for v in values}
-            df = df.drop(column)
-        (df.write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-         .option("topic", topic).option("kafka.acks", "all")
-         .option("kafka.enable.idempotence", "true").save())
     finally:
         df.unpersist()
     return counts

@@ -93,6 +93,7 @@ class JobRunner:
         self.spark_jobs: dict[str, int] = {}
         self._group, self._jobs_seen = "", 0
         self._jobs_aside = 0  # Spark jobs of an epoch's commits, in job groups of their own
+        self._codegen_saved: dict[str, str | None] | None = None  # set in a big pass
         self.epoch_jobs: list[int] = []  # Spark jobs of each epoch, in order (a pass shared)
         self.logic = logic
         self.spark = spark
@@ -302,6 +303,7 @@ class JobRunner:
         self._group = name_spark_jobs(self.spark, self.pipeline.name, active, epochs,
                                       self.generation)
         self._jobs_seen = jobs_before = jobs_in_group(self.spark, self._group)
+        self._generated_code(0 < self.cfg.codegen_pass <= len(epochs))
         self._jobs_aside = 0
         profile_before, jobs_before_phase = dict(self.profile), dict(self.spark_jobs)
         # A region that restarted from a checkpoint older than epochs it already committed
@@ -375,6 +377,29 @@ class JobRunner:
             c.consumed(places[name][-1])
         self._account(epochs, places, started, jobs_before, profile_before, jobs_before_phase,
                       active)
+
+    #: The session settings of Spark's generated code, and their values in a big pass.
+    CODEGEN = {"spark.sql.codegen.wholeStage": "true",
+               "spark.sql.codegen.factoryMode": "FALLBACK"}
+
+    def _generated_code(self, on: bool) -> None:
+        """Generated code for a big pass (``Config.codegen_pass``): its compilation pays
+        for itself over many records; the session's own settings again after it."""
+        if on == (self._codegen_saved is not None):
+            return
+        if on:
+            self._codegen_saved = {k: self.spark.conf.get(k, None) for k in self.CODEGEN}
+            for k, v in self.CODEGEN.items():
+                self.spark.conf.set(k, v)
+            log.info("a pass of %d epochs or more: Spark's generated code on",
+                     self.cfg.codegen_pass)
+            return
+        for k, v in self._codegen_saved.items():
+            if v is None:
+                self.spark.conf.unset(k)
+            else:
+                self.spark.conf.set(k, v)
+        self._codegen_saved = None
 
     def _account(self, epochs: list[int], places: dict[str, list[Any]], started: float,
                  jobs_before: int, profile_before: dict, jobs_before_phase: dict,
