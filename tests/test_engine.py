@@ -220,35 +220,6 @@ def test_a_job_whose_engine_was_started_again_learns_its_session_is_gone(tmp_pat
             watch.stop()
 
 
-def test_a_job_that_answers_the_pipelines_users_runs_in_the_answers_pool():
-    """The job whose regions send to a topic no region reads (serve) gets the engine's
-    answers pool; its session's tasks run there, as the executor sees them; the others
-    stay in the default pool. The pool's minimum share is every core of the engine."""
-    from pyspark.sql import functions as F
-
-    from falkirk.model.topology import load_pipeline
-    from falkirk.runtime.engine import ANSWERS_POOL, FAIR_POOLS, pool_of
-    from falkirk.runtime.launcher import session
-
-    pipe = load_pipeline("reference")
-    assert pool_of(pipe, ("serve", "stats")) == ANSWERS_POOL
-    assert {pool_of(pipe, (r,)) for r in ("ingest", "popularity", "communities")} == {
-        "default"}
-    assert "<minShare>2</minShare>" in FAIR_POOLS.format(cores=2)
-
-    answers = session("falkirk-pool-test", **{"spark.scheduler.pool": ANSWERS_POOL})
-    try:
-        @F.udf("string")
-        def pool(_):
-            from pyspark import TaskContext
-
-            return TaskContext.get().getLocalProperty("spark.scheduler.pool")
-
-        assert answers.range(1).select(pool("id")).first()[0] == ANSWERS_POOL
-    finally:
-        answers.stop()
-
-
 def test_a_big_pass_runs_with_generated_code_and_the_session_gets_its_own_back(spark):
     """The engine interprets expressions (small epochs compiled new code each); a pass of
     ``Config.codegen_pass`` epochs or more turns generated code on in the job's session

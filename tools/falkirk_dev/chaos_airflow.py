@@ -252,6 +252,11 @@ class AirflowCampaign:
             self._down_since = t
         elif target == "scheduler":
             kill["target"] = "job"  # the scheduler is down already: only the job
+        # what the job was in the middle of: one epoch, or the epochs of a pass
+        from falkirk_dev.trials import running_epochs
+
+        kill["running_epochs"] = {r: e for r in victim["regions"]
+                                  if (e := running_epochs(self.run, r))}
         _kill_group(victim["pgid"])
         self.say(f"{Path(victim['job']).stem} SIGKILLed")
         self._kill_recorded(kill)
@@ -624,6 +629,9 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         "stuck_recovered_later": sum(1 for k in c.kills if k.get("stuck")
                                      and k.get("recovery_s") is not None),
         "never_recovered": sum(1 for k in c.kills if k.get("never_recovered")),
+        # job kills that landed in the middle of a multi-epoch pass
+        "kills_mid_pass": sum(1 for k in c.kills if any(
+            len(e) > 1 for e in (k.get("running_epochs") or {}).values())),
         "rollbacks": len([r for r in demo.run.log.rollbacks(demo.run.pipeline.name)
                           if r["status"] == "done"]),
         # the supervisor's part: kill -> its rollback done (detection, scheduling, rollback)

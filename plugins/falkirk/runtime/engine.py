@@ -42,7 +42,6 @@ from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
 from falkirk.io.launch import launch_conf, spark_submit
 from falkirk.io.spark import address, answering
-from falkirk.model.topology import Pipeline
 from falkirk.runtime.procs import (
     free_port,
     group_members,
@@ -54,42 +53,17 @@ from falkirk.runtime.procs import (
 STARTUP_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-#: The pool of the jobs whose records leave the pipeline (answers read by its users):
-#: its tasks take every free core before the other jobs' (minShare = the cores), so an
-#: epoch's answers do not queue behind the epoch's ingest (docs/engine.md).
-ANSWERS_POOL = "answers"
-# Every other job's Spark jobs go to the default pool, which Spark schedules FIFO unless
-# told: a job's long stage would then hold every other job's small ones.
+# Every job's Spark jobs go to the default pool, which Spark schedules FIFO unless told:
+# a job's long stage would then hold every other job's small ones.
 FAIR_POOLS = """<?xml version="1.0"?>
 <allocations>
   <pool name="default"><schedulingMode>FAIR</schedulingMode><weight>1</weight></pool>
-  <pool name="answers"><schedulingMode>FAIR</schedulingMode><weight>4</weight>
-    <minShare>{cores}</minShare></pool>
 </allocations>
 """
 
 
-def pool_of(pipeline: Pipeline, regions: tuple[str, ...] | list[str]) -> str:
-    """The engine pool of a job hosting ``regions``: :data:`ANSWERS_POOL` when one of
-    them sends to a topic no region reads (the pipeline's answers), else ``default``."""
-    outward = any(e.kind == "kafka" and e.dst is None
-                  for r in regions for e in pipeline.out_edges(r))
-    return ANSWERS_POOL if outward else "default"
-
-
 class EngineError(FalkirkError, RuntimeError):
     """The engine did not start, or does not answer where the config says it is."""
-
-
-def _cores(master: str) -> int:
-    """The task slots of a ``local[N]`` master (``local[*]``: this machine's cores); 2
-    for any other."""
-    import re
-
-    found = re.fullmatch(r"local\[(\d+|\*)\]", master.strip())
-    if found is None:
-        return 2
-    return os.cpu_count() or 2 if found.group(1) == "*" else int(found.group(1))
 
 
 def engine_conf(cfg: Config, host: str, port: int, where: Path) -> dict[str, str]:
@@ -97,7 +71,7 @@ def engine_conf(cfg: Config, host: str, port: int, where: Path) -> dict[str, str
     class-data archive) with the engine's master, heap and Connect service (its FAIR
     pools' file goes to ``where``)."""
     pools = where / "fair-pools.xml"
-    pools.write_text(FAIR_POOLS.format(cores=_cores(cfg.engine_master)))
+    pools.write_text(FAIR_POOLS)
     conf = {
         **launch_conf(cfg),
         "spark.master": cfg.engine_master,
