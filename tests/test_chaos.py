@@ -435,3 +435,11 @@ def test_latency_after_each_kill_is_back_within_one_and_a_half_epochs_until_the_
             for k in (60.0, 90.0)]  # the next strike before the first is back
     assert chaos_airflow.latency_after_kills(late, sent, answered, 10.0)[
         "latency_not_back_before_next_strike"] == 1
+
+
+def test_a_kill_is_mid_pass_when_a_region_of_its_job_had_several_epochs_running():
+    kills = [{"target": "job", "running_epochs": {"ingest": [7, 8, 9]}},
+             {"target": "job", "running_epochs": {"serve": [4], "stats": [4]}},
+             {"target": "job", "running_epochs": {}},
+             {"target": "broker"}]
+    assert chaos_airflow.kills_mid_pass(kills) == 1

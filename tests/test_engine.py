@@ -222,7 +222,7 @@ def test_a_job_whose_engine_was_started_again_learns_its_session_is_gone(tmp_pat
 
 def test_a_big_pass_runs_with_generated_code_and_the_session_gets_its_own_back(spark):
     """The engine interprets expressions (small epochs compiled new code each); a pass of
-    ``Config.codegen_pass`` epochs or more turns generated code on in the job's session
+    ``Config.codegen_records`` records or more turns generated code on in the job's session
     and the next smaller one puts the session's own settings back."""
     from types import SimpleNamespace
 

@@ -19,7 +19,9 @@ def run_with(root, max_pass: int) -> tuple[dict, dict, dict[str, list[str]]]:
     """The reference pipeline with its input waiting; (outputs, messages per topic, each
     job's log lines saying what it did at once)."""
     with LocalBroker(root / "broker") as b, LocalRun(root, broker=b) as run:
-        run.env = {**run.env, "FALKIRK_MAX_PASS": str(max_pass)}
+        # passes of this small input still read enough records for generated code
+        run.env = {**run.env, "FALKIRK_MAX_PASS": str(max_pass),
+                   "FALKIRK_CODEGEN_RECORDS": "1000"}
         run.generate(**INPUT)
         run.start(until_epoch=EPOCHS - 1)
         codes = run.wait(timeout_s=1200)

@@ -102,11 +102,12 @@ class Config:
     # The most ready epochs a job processes in one pass (falkirk.runtime.loop): a region
     # that is behind pays each fixed cost once per pass. 1: one epoch at a time.
     max_pass: int = 30
-    # A pass of at least this many epochs runs with Spark's generated code (whole-stage
-    # codegen), which the local engine turns off for the small queries of single epochs:
-    # parsing and reducing 500,000 events took 9-11 s with it against 17 s without
-    # (docs/engine.md). 0: never.
-    codegen_pass: int = 4
+    # A pass reading at least this many records from topics runs with Spark's generated
+    # code (whole-stage codegen), which the local engine turns off for the small queries
+    # of single epochs: parsing and reducing 500,000 events took 9-11 s with it against
+    # 17 s without (docs/engine.md); a small pass pays its compilation and gains little.
+    # 0: never.
+    codegen_records: int = 250_000
     # Where OpenLineage run events go (docs/assets.md): "" (off), ``file:<path>`` (each
     # event a JSON line appended to the file: no server), ``http(s)://…`` (an OpenLineage
     # server, e.g. Marquez) or ``console`` (the process's log). Both the jobs' epochs

@@ -530,6 +530,13 @@ def latency_after_kills(kills: list[dict[str, Any]], sent_at: dict[str, float],
                 1 for k in kills if "wall" in k and k.get("latency_back_s") is None)}
 
 
+def kills_mid_pass(kills: list[dict[str, Any]]) -> int:
+    """Job kills that landed in the middle of a multi-epoch pass: a region of the job had
+    several epochs running (the pass's rows) when it was killed."""
+    return sum(1 for k in kills
+               if any(len(e) > 1 for e in (k.get("running_epochs") or {}).values()))
+
+
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
@@ -629,9 +636,7 @@ def airflow_campaign(workdir: Path, minutes: float, seed: int, data: dict[str, i
         "stuck_recovered_later": sum(1 for k in c.kills if k.get("stuck")
                                      and k.get("recovery_s") is not None),
         "never_recovered": sum(1 for k in c.kills if k.get("never_recovered")),
-        # job kills that landed in the middle of a multi-epoch pass
-        "kills_mid_pass": sum(1 for k in c.kills if any(
-            len(e) > 1 for e in (k.get("running_epochs") or {}).values())),
+        "kills_mid_pass": kills_mid_pass(c.kills),
         "rollbacks": len([r for r in demo.run.log.rollbacks(demo.run.pipeline.name)
                           if r["status"] == "done"]),
         # the supervisor's part: kill -> its rollback done (detection, scheduling, rollback)

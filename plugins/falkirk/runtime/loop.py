@@ -303,7 +303,7 @@ class JobRunner:
         self._group = name_spark_jobs(self.spark, self.pipeline.name, active, epochs,
                                       self.generation)
         self._jobs_seen = jobs_before = jobs_in_group(self.spark, self._group)
-        self._generated_code(0 < self.cfg.codegen_pass <= len(epochs))
+        self._generated_code(0 < self.cfg.codegen_records <= self._records_in(places))
         self._jobs_aside = 0
         profile_before, jobs_before_phase = dict(self.profile), dict(self.spark_jobs)
         # A region that restarted from a checkpoint older than epochs it already committed
@@ -382,17 +382,29 @@ class JobRunner:
     CODEGEN = {"spark.sql.codegen.wholeStage": "true",
                "spark.sql.codegen.factoryMode": "FALLBACK"}
 
+    def _records_in(self, places: dict[str, list[Any]]) -> int:
+        """The records the epochs read from topics (their offset ranges)."""
+        n = 0
+        for name, c in self.inputs.items():
+            for place in places[name]:
+                logged = c.logged(place)
+                if logged is not None and "to" in logged:
+                    to, since = Offsets(logged["to"]), Offsets(logged["from"])
+                    n += sum(to.get(p) - since.get(p) for p in to.as_dict())
+        return n
+
     def _generated_code(self, on: bool) -> None:
-        """Generated code for a big pass (``Config.codegen_pass``): its compilation pays
-        for itself over many records; the session's own settings again after it."""
+        """Generated code for a pass that reads many records (``Config.codegen_records``):
+        its compilation pays for itself over them; the session's own settings again
+        after it."""
         if on == (self._codegen_saved is not None):
             return
         if on:
             self._codegen_saved = {k: self.spark.conf.get(k, None) for k in self.CODEGEN}
             for k, v in self.CODEGEN.items():
                 self.spark.conf.set(k, v)
-            log.info("a pass of %d epochs or more: Spark's generated code on",
-                     self.cfg.codegen_pass)
+            log.info("a pass of %d records or more: Spark's generated code on",
+                     self.cfg.codegen_records)
             return
         for k, v in self._codegen_saved.items():
             if v is None:

@@ -121,7 +121,7 @@ def measure_size(events: int, args: Namespace, spark, tmp: Path, console) -> dic
                     started = time.monotonic()
                     if variant == "plain spark":
                         # with generated code, as a plain job has it (the pipeline's passes
-                        # turn it on too: Config.codegen_pass)
+                        # turn it on too: Config.codegen_records)
                         saved = {k: spark.conf.get(k, None) for k in JobRunner.CODEGEN}
                         for k, v in JobRunner.CODEGEN.items():
                             spark.conf.set(k, v)
