@@ -306,7 +306,6 @@ class ServeJob(JobLogic):
         self._next: tuple[DataFrame, int] | None = None
         # (epoch, its counts, users' answers, overall items): prepare_epoch's
         self._prepared: tuple[int, DataFrame, DataFrame, DataFrame] | None = None
-        self._responses: DataFrame | None = None  # the last epoch's, cached
 
     def initial_state(self, region: str, spark):
         return spark.createDataFrame([], "dimension string, value string, total long")
@@ -339,14 +338,9 @@ class ServeJob(JobLogic):
         if self._prepared is None or self._prepared[0] != ctx.epoch:
             self.prepare_epoch(ctx)
         _, counts, users, overall = self._prepared
-        # Computed once, by the send: cached as the Kafka write computes them, then
-        # counted and folded into the stats from the cache, not planned again by each of
-        # the epoch's commits. (Cut first, they took a Spark job of their own before the
-        # send: on the answers' path.) Released at the next epoch, after the stats' state
-        # is settled (cut) from it.
-        self._uncache()
-        responses = self._responses = answer_users(
-            queries.withColumn("t", at), users, overall).persist()
+        # computed once (one Spark job): the answers are sent, counted and checkpointed
+        # from here, not planned again by each of the epoch's commits
+        responses = cut_lineage(answer_users(queries.withColumn("t", at), users, overall))
         self._next = (counts, ctx.epoch - 1)
         outputs = {"responses": _messages(responses), "query_dead_letters": dead}
         state = {}
@@ -359,7 +353,6 @@ class ServeJob(JobLogic):
     def process_pass(self, ctx: EpochContext) -> EpochResult:
         """Several epochs: every input carries the epoch t it serves (its pass column);
         the counts before t are those before the pass plus the pass's appends up to t."""
-        self._uncache()
         t = F.col(PASS_COLUMN).cast("long")
         queries, dead = validate_queries_at(ctx.inputs["queries"], t)
         appended = ctx.inputs["bought"]
@@ -396,13 +389,7 @@ class ServeJob(JobLogic):
             self.bought, self.through = self._next  # cut already
             self._next = None
 
-    def _uncache(self) -> None:
-        if self._responses is not None:
-            self._responses.unpersist()
-            self._responses = None
-
     def release(self) -> None:
-        self._uncache()
         self.bought, self.through, self._next, self._prepared = None, None, None, None
 
     def settle_state(self, region: str, state: DataFrame) -> DataFrame:
