@@ -298,8 +298,12 @@ def catchup(args: Namespace) -> dict:
     drained = None
     if back is not None and back > 0:
         drained = round(rate * (restarted - before_min * 60 + back) / back, 1)
+    # where the latency stood when the input ended (a catch-up not over by then)
+    end_s = max((t for t, _ in points), default=0.0)
+    at_end = percentiles([lat for t, lat in points if t >= end_s - WINDOW_S], 0)["p95"]
     out: dict[str, Any] = {
         "rate": rate, "outage_minutes": outage_min, "back_within_1_5_epochs_s": back,
+        "p95_s_at_input_end": _round(at_end),
         "drain_eps": drained, "epoch_seconds": epoch_s, "minutes_before": before_min,
         "minutes_after": after_min, "queries": got["queries"], "answered": len(points),
         "unanswered": got["unanswered"], "restarted_s": round(restarted, 1),
