@@ -14,7 +14,7 @@ from tiny_pipeline import PIPE, PIPE_DICT
 from falkirk.io.lake import read_table
 from falkirk.log.epochlog import EpochLog, EpochRecord
 from falkirk.model.topology import Pipeline, TopologyError
-from falkirk.recovery.gc import GarbageCollector, Watermarks, collect, group_id
+from falkirk.recovery.gc import GarbageCollector, Housekeeping, Watermarks, collect, group_id
 from falkirk.recovery.rollback import RollbackError, RollbackRequest
 from falkirk.solver.frontier import low_watermark
 
@@ -339,3 +339,32 @@ def test_checkpoints_are_folded_by_their_own_job_when_garbage_collection_asks(wo
     job._fold_checkpoints({"agg", "report"})  # asked once, done once
     assert DeltaTable(store.uri).version() == version
     assert log.collected("tiny").keys() <= set(PIPE.edges)  # fold requests are no edge's
+
+
+def test_housekeeping_compacts_the_log_when_due_and_logs_a_failure_without_raising(
+        tmp_path, caplog, monkeypatch):
+    """The one loop beside a deployed pipeline (the supervisor's watch, a sandbox's
+    keep_house, gc --follow): nothing before its interval, the log's files folded into one
+    when due, and a compaction that fails is logged and waits for its next turn."""
+    from falkirk.config import load
+    from falkirk.io.lake import COMPACT_MIN_FILES
+
+    cfg = replace(load(), lake=str(tmp_path / "lake"))
+    log = EpochLog.from_config(cfg)
+    for k in range(COMPACT_MIN_FILES + 1):  # an append, a file
+        relay_epochs(log, range(k, k + 1))
+    uri = log.uri("epochs")
+    files = len(DeltaTable(uri).file_uris())
+    assert files > COMPACT_MIN_FILES
+    assert Housekeeping(RELAY, cfg, log, compact_every_s=3600, gc_every_s=0).step() is None
+    assert len(DeltaTable(uri).file_uris()) == files  # not due yet
+    Housekeeping(RELAY, cfg, log, compact_every_s=3600, gc_every_s=0, at_once=True).step()
+    assert len(DeltaTable(uri).file_uris()) == 1
+
+    def broken() -> dict:
+        raise OSError("the store is away")
+
+    monkeypatch.setattr(log, "compact", broken)
+    house = Housekeeping(RELAY, cfg, log, compact_every_s=0, gc_every_s=0)
+    assert house.step() is None
+    assert "compacting the epoch log failed" in caplog.text

@@ -252,33 +252,9 @@ class StreamDeathTrigger(BaseTrigger):
     #: append adds a file, and a restarted job reads every file of the tables it reads.
     compact_every_s = 60.0
 
-    def _compact(self, epoch_log: EpochLog) -> None:
-        """Compact the log; a compaction that fails is only logged: the watch goes on."""
-        try:
-            folded = epoch_log.compact()
-        except Exception:  # the log is as it was: a compaction commits whole or not at all
-            self.log.exception("compacting the epoch log failed; tried again in %.0f s",
-                               self.compact_every_s)
-            return
-        if folded:
-            self.log.info("epoch log compacted (table: files folded): %s", folded)
-
-    def _collect(self, collector: Any) -> None:
-        """Collect garbage as epochs commit (:class:`falkirk.recovery.gc.GarbageCollector`);
-        a collection that fails is only logged: what it did not drop waits for the next."""
-        try:
-            report = collector.step()
-        except Exception:
-            self.log.exception("collecting garbage failed; tried again at the next look")
-            return
-        if report is not None and report.items:
-            self.log.info("garbage collected below watermarks %s: %s", report.watermarks,
-                          "; ".join(f"{i.kind} {i.name}: {i.rows} rows, {i.bytes} bytes"
-                                    for i in report.items))
-
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from falkirk.log.epochlog import EpochLog
-        from falkirk.recovery.gc import GarbageCollector
+        from falkirk.recovery.gc import Housekeeping
 
         pipeline = await asyncio.to_thread(load_pipeline, self.pipeline)  # once, not per look
         # One epoch log for the watch's life: it keeps the rows it read, so a recovery
@@ -287,18 +263,13 @@ class StreamDeathTrigger(BaseTrigger):
         # between a death and the stop of its regions (README, "Reading the epoch log").
         epoch_log = EpochLog.from_config()
         backoff = RestartBackoff()
-        compacted = collected = time.monotonic()
-        # Garbage collection between looks, with its own watermarks kept incrementally
-        # (the pipeline's gc_every_seconds; 0: only the gc DAG's runs)
-        gc_every_s = float(pipeline.settings.get("gc_every_seconds") or 0)
-        collector = GarbageCollector(pipeline, log=epoch_log) if gc_every_s else None
+        # Between looks: the log's compaction, and garbage collection with its own
+        # watermarks kept incrementally (the pipeline's gc_every_seconds; 0: only the gc
+        # DAG's runs)
+        house = Housekeeping(pipeline, log=epoch_log, compact_every_s=self.compact_every_s,
+                             say=self.log)
         while True:
-            if time.monotonic() - compacted >= self.compact_every_s:
-                await asyncio.to_thread(self._compact, epoch_log)
-                compacted = time.monotonic()
-            if collector is not None and time.monotonic() - collected >= gc_every_s:
-                await asyncio.to_thread(self._collect, collector)
-                collected = time.monotonic()
+            await asyncio.to_thread(house.step)
             dead = await asyncio.to_thread(dead_or_finished, pipeline, epoch_log)
             if dead:
                 self.log.info("dead: %s", dead)

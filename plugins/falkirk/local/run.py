@@ -122,37 +122,24 @@ class LocalRun:
 
     def keep_house(self, compact_every_s: float = 60.0) -> None:
         """Beside the jobs, in a thread, what the streams supervisor's watch does beside a
-        deployed pipeline: compact the epoch log every ``compact_every_s`` and collect
-        garbage every ``gc_every_seconds`` (the pipeline's setting; 0: never) as the low
-        watermarks move. A failed round is logged and tried again; :meth:`stop_all` ends
+        deployed pipeline (:class:`falkirk.recovery.gc.Housekeeping`): compact the epoch
+        log every ``compact_every_s`` and collect garbage every ``gc_every_seconds`` (the
+        pipeline's setting; 0: never) as the low watermarks move. :meth:`stop_all` ends
         it."""
-        import logging
         import threading
 
-        from falkirk.recovery.gc import GarbageCollector
+        from falkirk.recovery.gc import Housekeeping
 
         if self._house is not None and self._house.is_alive():
             return
         stop = self._house_stop = threading.Event()
-        gc_every = float(self.pipeline.settings.get("gc_every_seconds") or 0)
-        log = EpochLog.from_config(self.cfg)  # its own: the caller's is not shared
-        collector = GarbageCollector(self.pipeline, self.cfg, log) if gc_every else None
-        say = logging.getLogger(__name__)
+        # its own epoch log: the caller's is not shared between threads
+        house = Housekeeping(self.pipeline, self.cfg, EpochLog.from_config(self.cfg),
+                             compact_every_s=compact_every_s)
 
         def run() -> None:
-            compacted = collected = time.monotonic()
             while not stop.wait(1.0):
-                now = time.monotonic()
-                try:
-                    if now - compacted >= compact_every_s:
-                        log.compact()
-                        compacted = now
-                    if collector is not None and now - collected >= gc_every:
-                        collector.step()
-                        collected = now
-                except Exception:
-                    say.exception("keeping house (compaction, garbage collection) failed; "
-                                  "trying again")
+                house.step()
 
         self._house = threading.Thread(target=run, name="falkirk-house", daemon=True)
         self._house.start()

@@ -411,20 +411,72 @@ class GarbageCollector:
         return report
 
 
+class Housekeeping:
+    """What runs beside a deployed pipeline, each part when it is due: the epoch log's
+    compaction every ``compact_every_s`` (None: never; 0: at every step) and garbage
+    collection every ``gc_every_s`` (default: the pipeline's ``gc_every_seconds``; 0:
+    never) as the low watermarks move. The streams supervisor's watch, a sandbox's ``keep_house`` and
+    ``falkirk gc --follow`` call :meth:`step` between their looks: one loop's rules in one
+    place. A part that fails is logged and tried again when next due: a compaction commits
+    whole or not at all, and what a collection did not drop waits for the next."""
+
+    def __init__(self, pipeline: Pipeline, cfg: Config | None = None,
+                 log: EpochLog | None = None, compact_every_s: float | None = 60.0,
+                 gc_every_s: float | None = None, retention_hours: float = 1.0,
+                 say: logging.Logger | None = None, at_once: bool = False):
+        self.cfg = cfg or load()
+        self.log = log or EpochLog.from_config(self.cfg)
+        if gc_every_s is None:
+            gc_every_s = float(pipeline.settings.get("gc_every_seconds") or 0)
+        self.compact_every_s, self.gc_every_s = compact_every_s, gc_every_s
+        self.collector = (GarbageCollector(pipeline, self.cfg, self.log, retention_hours)
+                          if gc_every_s else None)
+        self.say = say or _log
+        # at_once: the first step does everything (else each part waits its interval)
+        started = time.monotonic() - (max(compact_every_s or 0, gc_every_s) if at_once
+                                       else 0)
+        self._compacted = self._collected = started
+
+    def step(self) -> GcReport | None:
+        """Whatever is due now; the garbage collection's report when one ran and the
+        watermarks had moved, else None."""
+        now = time.monotonic()
+        if (self.compact_every_s is not None
+                and now - self._compacted >= self.compact_every_s):
+            self._compacted = now
+            try:
+                folded = self.log.compact()
+            except Exception:
+                self.say.exception("compacting the epoch log failed; tried again in %.0f s",
+                                   self.compact_every_s)
+            else:
+                if folded:
+                    self.say.info("epoch log compacted (table: files folded): %s", folded)
+        if self.collector is None or now - self._collected < self.gc_every_s:
+            return None
+        self._collected = now
+        try:
+            report = self.collector.step()
+        except Exception:
+            self.say.exception("collecting garbage failed; tried again in %.0f s",
+                               self.gc_every_s)
+            return None
+        if report is not None and report.items:
+            self.say.info("garbage collected below watermarks %s: %s", report.watermarks,
+                          "; ".join(f"{i.kind} {i.name}: {i.rows} rows, {i.bytes} bytes"
+                                    for i in report.items))
+        return report
+
+
 def follow(pipeline: Pipeline, cfg: Config | None = None, every_s: float = 60.0,
            retention_hours: float = 1.0, stop: Callable[[], bool] | None = None,
            on_report: Callable[[GcReport], None] | None = None) -> None:
-    """:class:`GarbageCollector` steps every ``every_s`` seconds until ``stop()`` (default:
-    never). A step that fails (a broker away, a commit race) is logged and tried again at
-    the next: what it did not drop stays for the next one."""
-    collector = GarbageCollector(pipeline, cfg, retention_hours=retention_hours)
+    """Garbage collection (:class:`Housekeeping`'s, no compaction) every ``every_s``
+    seconds until ``stop()`` (default: never)."""
+    house = Housekeeping(pipeline, cfg, compact_every_s=None, gc_every_s=every_s,
+                         retention_hours=retention_hours, at_once=True)
     while stop is None or not stop():
-        try:
-            report = collector.step()
-        except Exception:
-            _log.exception("garbage collection of %s failed; trying again in %.0f s",
-                           pipeline.name, every_s)
-        else:
-            if report is not None and on_report is not None:
-                on_report(report)
+        report = house.step()
+        if report is not None and on_report is not None:
+            on_report(report)
         time.sleep(every_s)
