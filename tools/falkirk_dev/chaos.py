@@ -491,8 +491,9 @@ def main(args: Namespace) -> int:
     summary = {k: v for k, v in result.items() if k not in ("sent", "events")}
     console.print_json(json.dumps(summary))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        from falkirk_dev.bench.figures import write_figure
+
+        write_figure(args.json, result)  # with its provenance: the docs quote it
         Path(args.json).with_suffix(".svg").write_text(recovery_svg(result))
         console.print(f"written: {args.json} (and its chart, "
                       f"{Path(args.json).with_suffix('.svg')})")
