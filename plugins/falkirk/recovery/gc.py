@@ -415,9 +415,9 @@ class Housekeeping:
     """What runs beside a deployed pipeline, each part when it is due: the epoch log's
     compaction every ``compact_every_s`` (None: never; 0: at every step) and garbage
     collection every ``gc_every_s`` (default: the pipeline's ``gc_every_seconds``; 0:
-    never) as the low watermarks move. The streams supervisor's watch, a sandbox's ``keep_house`` and
-    ``falkirk gc --follow`` call :meth:`step` between their looks: one loop's rules in one
-    place. A part that fails is logged and tried again when next due: a compaction commits
+    never) as the low watermarks move. The streams supervisor's watch, a sandbox's
+    ``keep_house`` and ``falkirk gc --follow`` call :meth:`step` between their looks: one
+    loop's rules in one place. A part that fails is logged and tried again when next due: a compaction commits
     whole or not at all, and what a collection did not drop waits for the next."""
 
     def __init__(self, pipeline: Pipeline, cfg: Config | None = None,
