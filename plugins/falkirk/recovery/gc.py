@@ -417,8 +417,9 @@ class Housekeeping:
     collection every ``gc_every_s`` (default: the pipeline's ``gc_every_seconds``; 0:
     never) as the low watermarks move. The streams supervisor's watch, a sandbox's
     ``keep_house`` and ``falkirk gc --follow`` call :meth:`step` between their looks: one
-    loop's rules in one place. A part that fails is logged and tried again when next due: a compaction commits
-    whole or not at all, and what a collection did not drop waits for the next."""
+    loop's rules in one place. A part that fails is logged and tried again when next
+    due: a compaction commits whole or not at all, and what a collection did not drop
+    waits for the next."""
 
     def __init__(self, pipeline: Pipeline, cfg: Config | None = None,
                  log: EpochLog | None = None, compact_every_s: float | None = 60.0,
