@@ -445,28 +445,27 @@ class Housekeeping:
         if (self.compact_every_s is not None
                 and now - self._compacted >= self.compact_every_s):
             self._compacted = now
-            try:
-                folded = self.log.compact()
-            except Exception:
-                self.say.exception("compacting the epoch log failed; tried again in %.0f s",
-                                   self.compact_every_s)
-            else:
-                if folded:
-                    self.say.info("epoch log compacted (table: files folded): %s", folded)
+            folded = self._attempt("compacting the epoch log", self.compact_every_s,
+                                   self.log.compact)
+            if folded:
+                self.say.info("epoch log compacted (table: files folded): %s", folded)
         if self.collector is None or now - self._collected < self.gc_every_s:
             return None
         self._collected = now
-        try:
-            report = self.collector.step()
-        except Exception:
-            self.say.exception("collecting garbage failed; tried again in %.0f s",
-                               self.gc_every_s)
-            return None
+        report = self._attempt("collecting garbage", self.gc_every_s, self.collector.step)
         if report is not None and report.items:
             self.say.info("garbage collected below watermarks %s: %s", report.watermarks,
                           "; ".join(f"{i.kind} {i.name}: {i.rows} rows, {i.bytes} bytes"
                                     for i in report.items))
         return report
+
+    def _attempt(self, what: str, every_s: float, part: Callable[[], Any]) -> Any:
+        """``part()``, or None when it failed (logged: it is tried again when next due)."""
+        try:
+            return part()
+        except Exception:
+            self.say.exception("%s failed; tried again in %.0f s", what, every_s)
+            return None
 
 
 def follow(pipeline: Pipeline, cfg: Config | None = None, every_s: float = 60.0,
