@@ -239,32 +239,3 @@ def test_a_big_pass_runs_with_generated_code_and_the_session_gets_its_own_back(s
     JobRunner._generated_code(runner, False)
     assert {k: spark.conf.get(k, None) for k in JobRunner.CODEGEN} == before
     assert runner._codegen_saved is None
-
-
-def test_a_job_that_answers_the_pipelines_users_runs_in_the_answers_pool():
-    """The job whose regions send to a topic no region reads (serve) gets the engine's
-    answers pool, whose minimum share is one task slot; its session's tasks run there, as
-    the executor sees them; the jobs that feed it stay in the default pool."""
-    from pyspark.sql import functions as F
-
-    from falkirk.model.topology import load_pipeline
-    from falkirk.runtime.engine import ANSWERS_POOL, FAIR_POOLS, pool_of
-    from falkirk.runtime.launcher import session
-
-    pipe = load_pipeline("reference")
-    assert pool_of(pipe, ("serve", "stats")) == ANSWERS_POOL
-    assert {pool_of(pipe, (r,)) for r in ("ingest", "popularity", "communities")} == {
-        "default"}
-    assert '<pool name="answers">' in FAIR_POOLS and "<minShare>1</minShare>" in FAIR_POOLS
-
-    answers = session("falkirk-pool-test", **{"spark.scheduler.pool": ANSWERS_POOL})
-    try:
-        @F.udf("string")
-        def pool(_):
-            from pyspark import TaskContext
-
-            return TaskContext.get().getLocalProperty("spark.scheduler.pool")
-
-        assert answers.range(1).select(pool("id")).first()[0] == ANSWERS_POOL
-    finally:
-        answers.stop()

@@ -21,7 +21,6 @@ from falkirk.errors import FalkirkError
 from falkirk.io.spark import quiet
 from falkirk.log.epochlog import EpochLog
 from falkirk.model.topology import Pipeline
-from falkirk.runtime.engine import pool_of
 from falkirk.runtime.job import JobLogic, RuntimeFailure
 from falkirk.runtime.launcher import Launcher, launcher
 from falkirk.runtime.loop import Fenced, JobRunner
@@ -181,10 +180,7 @@ def run_job(logic: JobLogic, argv: list[str] | None = None, own_process: bool = 
     try:
         pipeline = load_pipeline(args.pipeline)
         launch = launcher()  # the job's session: on the engine, or its own driver
-        # A job that answers the pipeline's users runs its Spark jobs in the engine's
-        # answers pool: first to the cores when an epoch closes (falkirk.runtime.engine)
-        spark = launch.session(f"falkirk-{pipeline.name}-{'+'.join(logic.regions)}",
-                               **{"spark.scheduler.pool": pool_of(pipeline, logic.regions)})
+        spark = launch.session(f"falkirk-{pipeline.name}-{'+'.join(logic.regions)}")
         start = None
         until = args.until_epoch
         if args.epoch is not None:

@@ -42,7 +42,6 @@ from falkirk.config import Config, load
 from falkirk.errors import FalkirkError
 from falkirk.io.launch import launch_conf, spark_submit
 from falkirk.io.spark import address, answering
-from falkirk.model.topology import Pipeline
 from falkirk.runtime.procs import (
     free_port,
     group_members,
@@ -54,28 +53,13 @@ from falkirk.runtime.procs import (
 STARTUP_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-#: The pool of the jobs whose records leave the pipeline (answers read by its users): its
-#: minimum share is one task slot, so each of an answer's many small stages takes the next
-#: free core instead of queueing behind the other jobs' tasks, and the feeding jobs keep
-#: the other cores (a minimum share of every core starved them: docs/engine.md).
-ANSWERS_POOL = "answers"
-# Every other job's Spark jobs go to the default pool, which Spark schedules FIFO unless
-# told: a job's long stage would then hold every other job's small ones.
+# Every job's Spark jobs go to the default pool, which Spark schedules FIFO unless told:
+# a job's long stage would then hold every other job's small ones.
 FAIR_POOLS = """<?xml version="1.0"?>
 <allocations>
   <pool name="default"><schedulingMode>FAIR</schedulingMode><weight>1</weight></pool>
-  <pool name="answers"><schedulingMode>FAIR</schedulingMode><weight>1</weight>
-    <minShare>1</minShare></pool>
 </allocations>
 """
-
-
-def pool_of(pipeline: Pipeline, regions: tuple[str, ...] | list[str]) -> str:
-    """The engine pool of a job hosting ``regions``: :data:`ANSWERS_POOL` when one of
-    them sends to a topic no region reads (the pipeline's answers), else ``default``."""
-    outward = any(e.kind == "kafka" and e.dst is None
-                  for r in regions for e in pipeline.out_edges(r))
-    return ANSWERS_POOL if outward else "default"
 
 
 class EngineError(FalkirkError, RuntimeError):
