@@ -324,7 +324,8 @@ def test_airflow_tasks_send_openlineage_events_to_the_lineage_file(airflow_on_sa
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                    reason="Debian chromium not installed: run bin/setup")
+                    reason="Debian chromium not installed: run bin/setup (under CI, "
+                           "which runs bin/setup, the test runs and fails instead)")
 def test_the_asset_graph_in_the_ui(airflow_on_sandbox):
     """The item_popularity asset's page draws its graph: the batch DAG that writes it, the
     consumer and the outputs DAG scheduled on it; kept as docs/figures/asset-graph.png."""

@@ -222,20 +222,13 @@ def test_a_job_whose_engine_was_started_again_learns_its_session_is_gone(tmp_pat
 
 def test_a_big_pass_runs_with_generated_code_and_the_session_gets_its_own_back(spark):
     """The engine interprets expressions (small epochs compiled new code each); a pass of
-    ``Config.codegen_records`` records or more turns generated code on in the job's session
-    and the next smaller one puts the session's own settings back."""
-    from types import SimpleNamespace
+    ``Config.codegen_records`` records or more runs within ``generated_code``, which turns
+    generated code on in the job's session and puts the session's own settings back
+    after it."""
+    from falkirk.io.spark import CODEGEN, generated_code
 
-    from falkirk.config import load
-    from falkirk.runtime.loop import JobRunner
-
-    before = {k: spark.conf.get(k, None) for k in JobRunner.CODEGEN}
+    before = {k: spark.conf.get(k, None) for k in CODEGEN}
     assert before["spark.sql.codegen.wholeStage"] == "false"  # the engine's default
-    runner = SimpleNamespace(spark=spark, _codegen_saved=None, CODEGEN=JobRunner.CODEGEN,
-                             cfg=load())
-    JobRunner._generated_code(runner, True)
-    assert {k: spark.conf.get(k) for k in JobRunner.CODEGEN} == JobRunner.CODEGEN
-    JobRunner._generated_code(runner, True)  # still on: nothing saved over
-    JobRunner._generated_code(runner, False)
-    assert {k: spark.conf.get(k, None) for k in JobRunner.CODEGEN} == before
-    assert runner._codegen_saved is None
+    with generated_code(spark):
+        assert {k: spark.conf.get(k) for k in CODEGEN} == CODEGEN
+    assert {k: spark.conf.get(k, None) for k in CODEGEN} == before

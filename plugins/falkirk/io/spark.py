@@ -88,6 +88,30 @@ def null_violations(df, schema, table: str, epoch):
     return df.filter(~null), conform(refused, "dead_letters")
 
 
+#: The session settings of Spark's generated code (whole-stage codegen), and their values
+#: where it pays: the local engine interprets expressions (its small queries each compiled
+#: new code), a pass over many records is faster compiled (docs/engine.md).
+CODEGEN = {"spark.sql.codegen.wholeStage": "true",
+           "spark.sql.codegen.factoryMode": "FALLBACK"}
+
+
+@contextlib.contextmanager
+def generated_code(spark):
+    """Within: ``spark``'s session runs with generated code (:data:`CODEGEN`); after, with
+    its own settings again."""
+    saved = {k: spark.conf.get(k, None) for k in CODEGEN}
+    for k, v in CODEGEN.items():
+        spark.conf.set(k, v)
+    try:
+        yield spark
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
 def cut_lineage(df):
     """``df`` with its lineage cut, so state kept across epochs and loops (label
     propagation's rounds) do not replay their history at every use.

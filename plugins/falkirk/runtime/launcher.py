@@ -41,6 +41,7 @@ import os
 import subprocess
 import sys
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,9 @@ from falkirk.runtime import engine, procs
 EngineProcess = tuple[int, float]
 
 
-class Launcher:
-    """How one profile starts a job's driver and builds a process's Spark session."""
+class Launcher(ABC):
+    """How one profile starts a job's driver and builds a process's Spark session: an
+    interface, made by :class:`EngineClient` and :class:`OwnDriver`."""
 
     #: A job is a client of an engine: its process runs its entry point as a Python
     #: client (an Airflow batch task runs the epoch in its own process).
@@ -66,13 +68,13 @@ class Launcher:
     def __init__(self, cfg: Config):
         self.cfg = cfg
 
+    @abstractmethod
     def session(self, app_name: str = "falkirk", **conf: str) -> Any:
         """This process's Spark session."""
-        raise NotImplementedError
 
+    @abstractmethod
     def command(self, job: str | Path, args: list[str]) -> list[str]:
         """The command that runs a job entry point (a path, e.g. ``Pipeline.job_path``'s)."""
-        raise NotImplementedError
 
     def prepare(self, pipeline: Pipeline, job: str) -> dict[str, str]:
         """What must happen before ``job`` of ``pipeline`` starts; the environment it
@@ -86,7 +88,7 @@ class Launcher:
         """The Spark Connect URL the jobs are clients of, or None."""
         return None
 
-    def ensure(self) -> None:
+    def ensure(self) -> None:  # noqa: B027 - an optional hook
         """Make sure the engine the jobs need answers (nothing to do without one)."""
 
     def engine_process(self) -> EngineProcess | None:
@@ -114,7 +116,7 @@ class EngineClient(Launcher):
     def engine(self) -> str | None:
         return self.cfg.spark_remote
 
-    def ensure(self) -> None:
+    def ensure(self) -> None:  # noqa: B027 - an optional hook
         engine.ensure(self.cfg)
 
     def session(self, app_name: str = "falkirk", session_id: str | None = None,

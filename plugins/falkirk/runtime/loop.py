@@ -36,7 +36,13 @@ from falkirk.config import Config, load
 from falkirk.faults import maybe_hold
 from falkirk.io.delta import PASS_COLUMN
 from falkirk.io.lineage import epochs_committed
-from falkirk.io.spark import cut_lineage, jobs_in_group, label_jobs, work_unit
+from falkirk.io.spark import (
+    cut_lineage,
+    generated_code,
+    jobs_in_group,
+    label_jobs,
+    work_unit,
+)
 from falkirk.log.epochlog import EpochLog, EpochRecord, RegionLog
 from falkirk.model.schemas import use_pipeline
 from falkirk.model.times import DOMAINS, Offsets, epoch_of_key, time_of
@@ -93,7 +99,6 @@ class JobRunner:
         self.spark_jobs: dict[str, int] = {}
         self._group, self._jobs_seen = "", 0
         self._jobs_aside = 0  # Spark jobs of an epoch's commits, in job groups of their own
-        self._codegen_saved: dict[str, str | None] | None = None  # set in a big pass
         self.epoch_jobs: list[int] = []  # Spark jobs of each epoch, in order (a pass shared)
         self.logic = logic
         self.spark = spark
@@ -296,14 +301,26 @@ class JobRunner:
         self.process([e], {k: [v] for k, v in where.items()})
 
     def process(self, epochs: list[int], places: dict[str, list[Any]]) -> None:
-        """Process the ready ``epochs`` (one, or a pass) whose inputs are at ``places``."""
+        """Process the ready ``epochs`` (one, or a pass) whose inputs are at ``places``; a
+        pass reading ``Config.codegen_records`` records or more from topics with Spark's
+        generated code (its compilation pays for itself over them)."""
+        read = sum(_records_read(c, place) or 0 for name, c in self.inputs.items()
+                   for place in places[name])
+        if not 0 < self.cfg.codegen_records <= read:
+            self._process(epochs, places)
+            return
+        log.info("a pass of %d records or more: Spark's generated code on",
+                 self.cfg.codegen_records)
+        with generated_code(self.spark):
+            self._process(epochs, places)
+
+    def _process(self, epochs: list[int], places: dict[str, list[Any]]) -> None:
         started = time.monotonic()
         e = epochs[0]
         active = {r for r in self.regions if self.done[r] < e}
         self._group = name_spark_jobs(self.spark, self.pipeline.name, active, epochs,
                                       self.generation)
         self._jobs_seen = jobs_before = jobs_in_group(self.spark, self._group)
-        self._generated_code(0 < self.cfg.codegen_records <= self._records_in(places))
         self._jobs_aside = 0
         profile_before, jobs_before_phase = dict(self.profile), dict(self.spark_jobs)
         # A region that restarted from a checkpoint older than epochs it already committed
@@ -378,41 +395,6 @@ class JobRunner:
         self._account(epochs, places, started, jobs_before, profile_before, jobs_before_phase,
                       active)
 
-    #: The session settings of Spark's generated code, and their values in a big pass.
-    CODEGEN = {"spark.sql.codegen.wholeStage": "true",
-               "spark.sql.codegen.factoryMode": "FALLBACK"}
-
-    def _records_in(self, places: dict[str, list[Any]]) -> int:
-        """The records the epochs read from topics (their offset ranges)."""
-        n = 0
-        for name, c in self.inputs.items():
-            for place in places[name]:
-                logged = c.logged(place)
-                if logged is not None and "to" in logged:
-                    to, since = Offsets(logged["to"]), Offsets(logged["from"])
-                    n += sum(to.get(p) - since.get(p) for p in to.as_dict())
-        return n
-
-    def _generated_code(self, on: bool) -> None:
-        """Generated code for a pass that reads many records (``Config.codegen_records``):
-        its compilation pays for itself over them; the session's own settings again
-        after it."""
-        if on == (self._codegen_saved is not None):
-            return
-        if on:
-            self._codegen_saved = {k: self.spark.conf.get(k, None) for k in self.CODEGEN}
-            for k, v in self.CODEGEN.items():
-                self.spark.conf.set(k, v)
-            log.info("a pass of %d records or more: Spark's generated code on",
-                     self.cfg.codegen_records)
-            return
-        for k, v in self._codegen_saved.items():
-            if v is None:
-                self.spark.conf.unset(k)
-            else:
-                self.spark.conf.set(k, v)
-        self._codegen_saved = None
-
     def _account(self, epochs: list[int], places: dict[str, list[Any]], started: float,
                  jobs_before: int, profile_before: dict, jobs_before_phase: dict,
                  active: set[str]) -> None:
@@ -423,12 +405,8 @@ class JobRunner:
         # could count a job no phase did)
         jobs = self._jobs_seen - jobs_before + self._jobs_aside
         for i, x in enumerate(epochs):
-            counts = {}
-            for name, c in self.inputs.items():
-                logged = c.logged(places[name][i])
-                if logged is not None and "to" in logged:
-                    counts[name] = sum(Offsets(logged["to"]).get(p) - Offsets(
-                        logged["from"]).get(p) for p in Offsets(logged["to"]).as_dict())
+            counts = {name: n for name, c in self.inputs.items()
+                      if (n := _records_read(c, places[name][i])) is not None}
             self.timings.append((x, seconds / len(epochs), now, counts))
             self.epoch_jobs.append(round(jobs / len(epochs)))
         self.passes.append((list(epochs), seconds))
@@ -743,3 +721,13 @@ def name_spark_jobs(spark: Any, pipeline: str, regions: set[str] | list[str],
             else f"epochs {epochs[0]}-{epochs[-1]}")
     return label_jobs(spark, group,
                       f"falkirk {pipeline}: {hosted} {what} (generation {generation})")
+
+
+def _records_read(connector: InputConnector, place: Any) -> int | None:
+    """The records an input read at ``place`` (a topic's offset range); None for an input
+    that does not count them (a table)."""
+    logged = connector.logged(place)
+    if logged is None or "to" not in logged:
+        return None
+    to, since = Offsets(logged["to"]), Offsets(logged["from"])
+    return sum(to.get(p) - since.get(p) for p in to.as_dict())

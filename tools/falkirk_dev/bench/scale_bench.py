@@ -96,7 +96,7 @@ def _profile(runner) -> dict[str, Any]:
 
 def measure_size(events: int, args: Namespace, spark, tmp: Path, console) -> dict[str, Any]:
     """Every figure of one input size."""
-    from falkirk.runtime.loop import JobRunner
+    from falkirk.io.spark import generated_code
     from falkirk_dev.bench import plain_spark
     from falkirk_dev.bench.regimes_bench import run_once, throughput
     from falkirk_dev.harness import LocalRun
@@ -122,15 +122,9 @@ def measure_size(events: int, args: Namespace, spark, tmp: Path, console) -> dic
                     if variant == "plain spark":
                         # with generated code, as a plain job has it (the pipeline's passes
                         # turn it on too: Config.codegen_records)
-                        saved = {k: spark.conf.get(k, None) for k in JobRunner.CODEGEN}
-                        for k, v in JobRunner.CODEGEN.items():
-                            spark.conf.set(k, v)
-                        try:
+                        with generated_code(spark):
                             facts = plain_spark.run(spark, run.cfg.kafka_bootstrap,
                                                     run.pipeline, str(lake), last)
-                        finally:
-                            for k, v in saved.items():
-                                spark.conf.unset(k) if v is None else spark.conf.set(k, v)
                         rates[variant].append(summary["events"] / (time.monotonic() - started))
                     else:
                         runner = run_once(run, spark, lake, variant == "four regimes", last)
