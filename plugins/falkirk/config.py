@@ -104,8 +104,8 @@ class Config:
     max_pass: int = 30
     # A pass reading at least this many records from topics runs with Spark's generated
     # code (whole-stage codegen), which the local engine turns off for the small queries
-    # of single epochs: parsing and reducing 500,000 events took 9-11 s with it against
-    # 17 s without (docs/engine.md); a small pass pays its compilation and gains little.
+    # of single epochs: over many records compiled code is faster (docs/engine.md); a
+    # small pass pays its compilation and gains little.
     # 0: never.
     codegen_records: int = 250_000
     # Where OpenLineage run events go (docs/assets.md): "" (off), ``file:<path>`` (each
