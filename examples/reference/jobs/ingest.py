@@ -22,6 +22,7 @@ from falkirk.job import (
     JobLogic,
     arrow_schema,
     conform,
+    cut_lineage,
     ddl,
     dead_letters,
     main,
@@ -89,19 +90,32 @@ def reason_kind(reason_col: Column) -> Column:
     return out.otherwise(F.lit("source"))
 
 
-def validate_at(
-    raw_df: DataFrame, epoch: Column, origin_ms: int, epoch_ms: int
-) -> tuple[DataFrame, DataFrame]:
-    """:func:`validate` with the epoch as a column (the generator's ground truth uses it)."""
-    df = (
+def checked_at(raw_df: DataFrame, epoch: Column, origin_ms: int, epoch_ms: int) -> DataFrame:
+    """The source rows with the epoch they are validated against (``_epoch``) and why each
+    is not a valid event (``_reason``, null for a valid one): :func:`split_checked` splits
+    them. A job cuts this frame's lineage, so the records are parsed once however many
+    outputs read them."""
+    return (
         raw_df
         .withColumn("_epoch", epoch.cast("long"))
         .withColumn("_reason", reason(F.col("_epoch"), origin_ms, epoch_ms))
     )
-    events = df.filter(F.col("_reason").isNull()).select(
+
+
+def split_checked(checked_df: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """``(events_df, dead_letters_df)`` of :func:`checked_at`'s rows."""
+    events = checked_df.filter(F.col("_reason").isNull()).select(
         *event_fields(), F.col("_epoch").alias("epoch")
     )
-    return events, dead_letters(df.filter(F.col("_reason").isNotNull()), F.col("_epoch"))
+    return events, dead_letters(checked_df.filter(F.col("_reason").isNotNull()),
+                                F.col("_epoch"))
+
+
+def validate_at(
+    raw_df: DataFrame, epoch: Column, origin_ms: int, epoch_ms: int
+) -> tuple[DataFrame, DataFrame]:
+    """:func:`validate` with the epoch as a column (the generator's ground truth uses it)."""
+    return split_checked(checked_at(raw_df, epoch, origin_ms, epoch_ms))
 
 
 def validate(
@@ -116,7 +130,7 @@ def validate(
     the Kafka timestamp) falls in ``epoch``; else it is a dead letter with the first
     failed check as reason (see :data:`REASON_KINDS`) and ``epoch`` = the epoch being
     processed. ``events_df``: the event fields plus ``epoch`` (= ``epoch``). Both are
-    read from ``raw_df`` twice: persist it when it is expensive to read.
+    read from ``raw_df``: a job cuts :func:`checked_at`'s lineage instead (one parse).
     """
     return validate_at(raw_df, F.lit(epoch), origin_ms, epoch_ms)
 
@@ -170,19 +184,16 @@ class IngestJob(JobLogic):
 
     def _validated(self, ctx: EpochContext, epoch: Column) -> EpochResult:
         s = ctx.pipeline.settings
-        raw = ctx.inputs["events"].persist()  # validate() reads it twice
-        events, dead = validate_at(raw, epoch, int(s["origin_ms"]),
-                                   int(s["epoch_seconds"] * 1000))
-        events = events.persist()
-        self._cached = [raw, events]
+        # Parsed and checked once, by one Spark job: the outputs are then written side by
+        # side from its rows. A persisted frame instead was parsed again by the writes
+        # (each holding a core for seconds, while the answering job's small stages queued
+        # behind them) or waited on the blocks another write was filling.
+        checked = cut_lineage(checked_at(ctx.inputs["events"], epoch, int(s["origin_ms"]),
+                                         int(s["epoch_seconds"] * 1000)))
+        events, dead = split_checked(checked)
         return EpochResult(outputs={"purchases": purchases(events),
                                     "interactions": interactions(events),
                                     "dead_letters": dead})
-
-    def finish_epoch(self, ctx: EpochContext) -> None:
-        for df in self._cached:
-            df.unpersist()
-
 
 if __name__ == "__main__":
     sys.exit(main(IngestJob()))

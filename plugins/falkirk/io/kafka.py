@@ -251,9 +251,11 @@ def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
 # partitions) is read in tasks of at most this many records, not one task per Kafka
 # partition: the engine's scheduler shares cores between jobs task by task, and three
 # tasks of a minute each held both cores from the other jobs (a pass of serve's waited
-# 230 s). An epoch at 5,000 events/s is still a task per partition.
+# 230 s). An epoch at 5,000 events/s (~17,000 records a partition) is read in tasks of
+# ~0.4 s, not ~1.5 s: the answering job's small stages, which take the next free core,
+# wait no longer than that for one (the engine's stage timings, docs/engine.md).
 READ_OPTIONS = {"failOnDataLoss": "true", "kafka.fetch.max.wait.ms": "10",
-                "maxRecordsPerPartition": "20000"}
+                "maxRecordsPerPartition": "5000"}
 
 
 def read_range(spark: SparkSession, bootstrap: str, topic: str, start: Offsets, end: Offsets,
