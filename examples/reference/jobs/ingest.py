@@ -195,5 +195,6 @@ class IngestJob(JobLogic):
                                     "interactions": interactions(events),
                                     "dead_letters": dead})
 
+
 if __name__ == "__main__":
     sys.exit(main(IngestJob()))
