@@ -7,11 +7,12 @@ unit tests. Jobs import from here only, so the framework's modules can move with
 breaking a user's pipeline.
 """
 
-from falkirk.io.spark import conform, cut_lineage, dead_letters
+from falkirk.io.spark import conform, cut_lineage, dead_letters, split_checked
 from falkirk.model.schemas import arrow_schema, ddl
 from falkirk.runtime.driver import main
 from falkirk.runtime.job import PASS_COLUMN, EpochContext, EpochResult, JobLogic, load_job
 from falkirk.runtime.launcher import session
 
 __all__ = ["PASS_COLUMN", "EpochContext", "EpochResult", "JobLogic", "main", "conform",
-           "cut_lineage", "dead_letters", "arrow_schema", "ddl", "session", "load_job"]
+           "cut_lineage", "dead_letters", "split_checked", "arrow_schema", "ddl", "session",
+           "load_job"]

@@ -24,8 +24,8 @@ from falkirk.job import (
     conform,
     cut_lineage,
     ddl,
-    dead_letters,
     main,
+    split_checked,
 )
 
 REGION = "ingest"
@@ -92,7 +92,7 @@ def reason_kind(reason_col: Column) -> Column:
 
 def checked_at(raw_df: DataFrame, epoch: Column, origin_ms: int, epoch_ms: int) -> DataFrame:
     """The source rows with the epoch they are validated against (``_epoch``) and why each
-    is not a valid event (``_reason``, null for a valid one): :func:`split_checked` splits
+    is not a valid event (``_reason``, null for a valid one), as ``split_checked`` splits
     them. A job cuts this frame's lineage, so the records are parsed once however many
     outputs read them."""
     return (
@@ -102,20 +102,11 @@ def checked_at(raw_df: DataFrame, epoch: Column, origin_ms: int, epoch_ms: int) 
     )
 
 
-def split_checked(checked_df: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """``(events_df, dead_letters_df)`` of :func:`checked_at`'s rows."""
-    events = checked_df.filter(F.col("_reason").isNull()).select(
-        *event_fields(), F.col("_epoch").alias("epoch")
-    )
-    return events, dead_letters(checked_df.filter(F.col("_reason").isNotNull()),
-                                F.col("_epoch"))
-
-
 def validate_at(
     raw_df: DataFrame, epoch: Column, origin_ms: int, epoch_ms: int
 ) -> tuple[DataFrame, DataFrame]:
     """:func:`validate` with the epoch as a column (the generator's ground truth uses it)."""
-    return split_checked(checked_at(raw_df, epoch, origin_ms, epoch_ms))
+    return split_checked(checked_at(raw_df, epoch, origin_ms, epoch_ms), event_fields())
 
 
 def validate(
@@ -190,7 +181,7 @@ class IngestJob(JobLogic):
         # behind them) or waited on the blocks another write was filling.
         checked = cut_lineage(checked_at(ctx.inputs["events"], epoch, int(s["origin_ms"]),
                                          int(s["epoch_seconds"] * 1000)))
-        events, dead = split_checked(checked)
+        events, dead = split_checked(checked, event_fields())
         return EpochResult(outputs={"purchases": purchases(events),
                                     "interactions": interactions(events),
                                     "dead_letters": dead})

@@ -24,8 +24,8 @@ from falkirk.job import (
     conform,
     cut_lineage,
     ddl,
-    dead_letters,
     main,
+    split_checked,
 )
 
 REGION = "serve"
@@ -47,26 +47,17 @@ def query_fields() -> tuple[str, ...]:
 
 def checked_queries_at(raw_df: DataFrame, epoch: Column) -> DataFrame:
     """The queries topic's rows with their epoch (``_epoch``) and why each is not a valid
-    query (``_reason``, null for a valid one): :func:`split_queries` splits them."""
+    query (``_reason``, null for a valid one), as ``split_checked`` splits them."""
     check = F.when(F.col("error").isNotNull(), F.col("error"))
     for name in query_fields():
         check = check.when(F.col(name).isNull(), F.lit(f"missing field {name}"))
     return raw_df.withColumn("_epoch", epoch.cast("long")).withColumn("_reason", check)
 
 
-def split_queries(checked_df: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """``(queries_df, dead_letters_df)`` of :func:`checked_queries_at`'s rows."""
-    queries = checked_df.filter(F.col("_reason").isNull()).select(
-        *query_fields(), F.col("_epoch").alias("epoch")
-    )
-    return queries, dead_letters(checked_df.filter(F.col("_reason").isNotNull()),
-                                 F.col("_epoch"))
-
-
 def validate_queries_at(raw_df: DataFrame, epoch: Column) -> tuple[DataFrame, DataFrame]:
     """:func:`validate_queries` with the epoch as a column (the benchmark's plain job
     validates every epoch at once)."""
-    return split_queries(checked_queries_at(raw_df, epoch))
+    return split_checked(checked_queries_at(raw_df, epoch), query_fields())
 
 
 def validate_queries(raw_df: DataFrame, epoch: int) -> tuple[DataFrame, DataFrame]:
@@ -368,8 +359,8 @@ class ServeJob(JobLogic):
         # read and checked once (one Spark job): the answers and the dead letters come
         # from these rows, where the dead letters' write read and parsed the topic again
         # (28 s of a 30-epoch pass's 97 s after an outage)
-        queries, dead = split_queries(cut_lineage(checked_queries_at(ctx.inputs["queries"],
-                                                                     t)))
+        checked = cut_lineage(checked_queries_at(ctx.inputs["queries"], t))
+        queries, dead = split_checked(checked, query_fields())
         appended = ctx.inputs["bought"]
         before = self._counts_before(ctx)
         epochs = ctx.spark.createDataFrame([(e,) for e in ctx.epochs], "t long")

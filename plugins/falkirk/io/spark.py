@@ -56,6 +56,19 @@ def dead_letters(rows, epoch):
     ), "dead_letters")
 
 
+
+def split_checked(checked, fields):
+    """``(valid, dead)`` of source rows a job checked: ``checked`` carries the epoch each
+    row is checked against (``_epoch``) and why it is not valid (``_reason``, null when it
+    is). ``valid``: ``fields`` and ``epoch``; ``dead``: :func:`dead_letters` rows. A job that
+    writes both cuts ``checked``'s lineage first, so the records are read and parsed once
+    (docs/jobs.md, "Parse once")."""
+    from pyspark.sql import functions as F
+
+    valid = checked.filter(F.col("_reason").isNull()).select(
+        *fields, F.col("_epoch").alias("epoch"))
+    return valid, dead_letters(checked.filter(F.col("_reason").isNotNull()), F.col("_epoch"))
+
 def null_violations(df, schema, table: str, epoch):
     """``(rows, refused)``: the rows of ``df`` with a value in every column ``schema``
     declares non-nullable, and the others as ``dead_letters`` rows whose reason names the
