@@ -428,6 +428,40 @@ def test_retain_compacts_drops_and_vacuums(tmp_path: Path) -> None:
     assert len(parquet_files(uri)) == 1
 
 
+def test_retains_keep_the_delta_log_as_long_as_the_retained_checkpoints_need(
+        tmp_path: Path) -> None:
+    """A store saved every epoch and retained now and then for hundreds of epochs keeps
+    a log of a few retains' commits, not one file per save (Delta keeps 30 days of them:
+    a store's log grew with every epoch), and every retained checkpoint still restores."""
+    uri = tmp_path / "state"
+    store = CheckpointStore(str(uri), VALUES)
+    log = uri / "_delta_log"
+    current = state({})
+    expected: dict[int, pa.Table] = {}
+    commits_at, removed = [], 0
+    for c in range(120):
+        after = state({**{k: (c, 1, 1.0) for k in [f"k{c % 7}", f"u{c}"]},
+                       **{r["key"]: (r["label"], r["size"], r["updated"])
+                          for r in current.to_pylist()}})
+        changed, deleted = diff(current, after)
+        store.save(c, changed, deleted)
+        current, expected[c] = after, after
+        if c % 10 == 9:  # a retain a while behind the newest save, as garbage collection asks
+            info = store.retain(c - 5)
+            assert info.dropped
+            removed += len(info.log_files_removed)
+            commits_at.append(len(list(log.glob("*.json"))))
+    # the retains before the last two removed the log files older than their versions
+    assert max(commits_at[2:]) <= 3 * 15, commits_at
+    assert removed > 100
+    assert not (log / f"{0:020}.json").exists()  # the first saves' commits went
+    for c in store.checkpoints():
+        assert_same(store.restore(c), expected[c])
+    assert DeltaTable(str(uri)).version() > 120  # the latest version still loads
+    assert DeltaTable(str(uri), version=store.version_of(114)).version() == \
+        store.version_of(114)
+
+
 def test_retain_of_an_empty_state(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path / "state"), VALUES)
     seq = states()

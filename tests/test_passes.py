@@ -45,6 +45,11 @@ def test_passes_give_every_table_and_answer_of_epoch_by_epoch_processing(golden,
                                    "reference-ingest.log").read_text()
     one, _, done_one = run_with(tmp_path / "one", max_pass=1)
     assert not any("in one pass" in line for lines in done_one.values() for line in lines)
+    # serve, behind with its input waiting, prepared each next epoch while the one before
+    # committed (its counts then those that commit moved on to): the same answers
+    serve_log = (tmp_path / "one" / "var" / "log" / "reference-serve.log").read_text()
+    assert len(re.findall(r"prepared by serve\+stats in [\d.]+ s, beside the commits",
+                          serve_log)) >= 1, serve_log[-3000:]
     assert_same(golden, passes)
     assert_same(golden, one)
     assert_same(one, passes)

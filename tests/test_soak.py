@@ -64,7 +64,8 @@ def test_the_targets_compare_the_last_quarter_with_the_second():
 def test_a_short_soak_keeps_checkpoints_bounded_and_loses_nothing(tmp_path):
     """60 epochs of 1 s with a strike every 15: garbage collection ran beside the jobs
     (the watermarks kept incrementally, rebuilt only after rollbacks), the checkpoints
-    stopped growing with the epochs, and the outputs equal the failure-free run's."""
+    stopped growing with the epochs once the first folds came, and the outputs equal the
+    failure-free run's."""
     result = soak.soak(tmp_path, epochs=60, epoch_seconds=1.0, kill_every=15,
                        events_per_epoch=20, seed=3, say=print)
     summary = {k: result[k] for k in ("lost", "duplicated", "stuck", "outputs_differ")}
@@ -76,9 +77,11 @@ def test_a_short_soak_keeps_checkpoints_bounded_and_loses_nothing(tmp_path):
     assert all(len(result[k]) == 4 for k in ("restore_s", "epoch_s", "rss_mb"))
     assert result["watermarks_rebuilt"] <= result["rollbacks"] + 1
     checkpoints = result["bytes_by_store"]["checkpoints"]
-    # the state grows at most as its data does: the last quarter's checkpoints no larger
-    # than twice the first's (without collection every layer stays: ~4x)
-    assert checkpoints[3] <= 2 * checkpoints[0], checkpoints
+    # folded every few epochs, their Delta logs cut to what the retained checkpoints
+    # read: the last quarter's checkpoints about the second's (issue 57's measure; every
+    # layer and commit kept grows them ~2x from the second quarter to the last, and so
+    # did folds 20 s apart with the log kept: 1.5-1.6x)
+    assert checkpoints[3] <= 1.3 * checkpoints[1], checkpoints
     json.dumps(result)  # the figures are JSON
     assert "<svg" in soak.store_svg(result)
 

@@ -314,7 +314,12 @@ class ServeJob(JobLogic):
 
     def _counts_before(self, ctx: EpochContext) -> DataFrame:
         """The purchase counts of every interaction before the first epoch's own e - 1:
-        kept from the last pass, or read once from the table's history."""
+        kept from the last pass, or read once from the table's history. An epoch
+        prepared while the one before it commits (the job behind) takes the counts that
+        commit moves on to."""
+        following = self._next
+        if following is not None and following[1] == ctx.epoch - 2:
+            return following[0]
         if self.bought is None or self.through != ctx.epoch - 2:
             self.bought = cut_lineage(bought_counts(ctx.history("bought")))
             self.through = ctx.epoch - 2

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import threading
+from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -131,6 +132,37 @@ def read_table(table_uri: str, version: int | None = None,
     dataset = version_dataset(table_uri, version, storage_options)
     return dataset.to_table(filter=pq.filters_to_expression(filters) if filters else None)
 
+
+
+def drop_log_before(table_uri: str, version: int,
+                    storage_options: dict[str, str] | None = None) -> list[str]:
+    """Delete the Delta log files no version ≥ ``version`` needs; the names deleted.
+
+    A version is read from the newest Delta checkpoint at or below it and the commits after
+    that checkpoint, so every log file (commit, checksum, checkpoint) older than the newest
+    checkpoint at or below ``version`` goes; nothing goes without such a checkpoint. Delta's
+    own cleanup (``delta.logRetentionDuration``) goes by age and would delete the commits of
+    versions a store still time-travels to; this goes by version, the caller's bound.
+    """
+    fs = table_filesystem(table_uri.rstrip("/"), storage_options)
+    names = [PurePosixPath(info.path).name
+             for info in fs.get_file_info(pafs.FileSelector("_delta_log"))
+             if info.type == pafs.FileType.File]
+
+    def version_of(name: str) -> int | None:
+        head = name.split(".", 1)[0]
+        return int(head) if head.isdigit() and len(head) == 20 else None
+
+    checkpoints = [v for n in names if ".checkpoint" in n
+                   and (v := version_of(n)) is not None and v <= version]
+    if not checkpoints:
+        return []
+    base = max(checkpoints)
+    gone = sorted(n for n in names if (v := version_of(n)) is not None and v < base)
+    for name in gone:
+        with contextlib.suppress(FileNotFoundError):  # another cleanup was first
+            fs.delete_file(f"_delta_log/{name}")
+    return gone
 
 def file_path(uri: str) -> str:
     """file:///x/y -> /x/y; /x/a%20b -> /x/a b (file_uris() percent-encodes local paths)."""

@@ -109,7 +109,10 @@ class JobLogic(ABC):
         committed) are ready while a Kafka input (the epoch's own records) is not: the
         context holds only those inputs. A job computes here what does not need the
         epoch's records (a lookup table of the state), so that when they close only their
-        part is left: the epoch's latency. ``process`` must not rely on it being called."""
+        part is left: the epoch's latency. ``process`` must not rely on it being called.
+        A job that is behind (its next epoch's records closed already) is asked to prepare
+        epoch e in a thread of its own while epoch e - 1 commits, after ``process`` of
+        e - 1 and before its ``finish_epoch``: what e - 1 moves on to is known then."""
 
     def finish_epoch(self, ctx: EpochContext) -> None:  # noqa: B027 - an optional hook
         """Called once the epoch's outputs are committed (free cached data here)."""

@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, wait
 from datetime import UTC, datetime
 from functools import partial, reduce
 from typing import Any
@@ -60,8 +61,11 @@ from falkirk.runtime.job import EpochContext, EpochResult, JobLogic, RuntimeFail
 
 log = logging.getLogger("falkirk.runtime")
 #: How often a job reads garbage collection's fold requests (between epochs; a read of
-#: the epoch log costs an epoch tens of ms, collection runs every minute or so).
+#: the epoch log costs an epoch tens of ms, collection runs every minute or so): every
+#: 20 s, or every 5 epochs where epochs are shorter, so short epochs do not pile up
+#: dozens of checkpoint layers between folds.
 FOLDS_EVERY_S = 20.0
+FOLDS_EVERY_EPOCHS = 5
 
 class Fenced(RuntimeFailure):
     """A rollback to ``generation`` fenced the job's regions: it records no more epochs."""
@@ -149,6 +153,7 @@ class JobRunner:
             r: outputs_for(self.wiring, r, persist) for r in self.regions}
         self.watch = None  # a FenceWatch, set when the job parks (JobDriver)
         self.prepared: int | None = None  # the epoch the job prepared ahead
+        self.until: int | None = None  # the last epoch run() processes (None: no end)
         self.folded: dict[str, int] = {}  # region -> the fold request carried out last
         self.folds_read_at = float("-inf")  # monotonic: when the fold requests were read
 
@@ -202,6 +207,7 @@ class JobRunner:
         """Process epochs until ``until_epoch`` (inclusive) or the input ends; return the
         last epoch done."""
         idle_since = time.monotonic()
+        self.until = until_epoch
         while until_epoch is None or self.next_epoch <= until_epoch:
             e = self.next_epoch
             if self.watch is not None and self.watch.fenced is not None:
@@ -239,29 +245,88 @@ class JobRunner:
     def _prepare_ahead(self, e: int) -> None:
         """Let the job prepare epoch ``e`` (:meth:`JobLogic.prepare_epoch`) once its Delta
         inputs are ready, while its Kafka inputs are not yet."""
-        if (not self.logic.prepares or self.prepared == e
-                or any(d != e - 1 for d in self.done.values())):
+        if any(d != e - 1 for d in self.done.values()):
             return
+        places = self._side_places(e)
+        if places is not None:
+            self._prepare_epoch(e, places)
+
+    def _side_places(self, e: int) -> dict[str, Any] | None:
+        """Where the Delta inputs of epoch ``e`` are, if they are all committed and the job
+        prepares epochs and has Kafka inputs too (what is left when its records close);
+        else None."""
+        if not self.logic.prepares or self.prepared == e:
+            return None
         from falkirk.runtime.connectors import DeltaInput
 
         side = {n: c for n, c in self.inputs.items() if isinstance(c, DeltaInput)}
         if not side or len(side) == len(self.inputs):
-            return
+            return None
         places = {}
         for name, c in side.items():
             found = c.places([e])
             if found is WAIT or found is ENDED:
-                return
+                return None
             places[name] = found
+        return places
+
+    def _prepare_epoch(self, e: int, places: dict[str, Any],
+                       when: str = "before its records closed") -> None:
         started = time.monotonic()
-        inputs = {n: c.read([e], places[n]) for n, c in side.items()}
+        inputs = {n: self.inputs[n].read([e], found) for n, found in places.items()}
         ctx = EpochContext(e, self.generation, self.spark, self.pipeline, inputs,
                            dict(self.state), {r for r in self.regions if self.done[r] < e},
                            history=lambda edge: self.inputs[edge].history(e))
         self.logic.prepare_epoch(ctx)
         self.prepared = e
-        log.info("epoch %d prepared by %s in %.1f s, before its records closed", e,
-                 "+".join(self.regions), time.monotonic() - started)
+        log.info("epoch %d prepared by %s in %.1f s, %s", e, "+".join(self.regions),
+                 time.monotonic() - started, when)
+
+    def _prepare_beside(self, epochs: list[int]) -> Future | None:
+        """When the epoch after ``epochs`` is complete already (the job is behind: after an
+        outage, a rollback, a cold start), prepare it in a thread of its own while these
+        epochs commit, so it is then processed as a prepared epoch is: a job one epoch
+        behind otherwise processed each epoch whole, prepare and all, after the commits
+        of the one before, and stayed behind. Caught up, the job prepares while it waits
+        for the records to close instead (:meth:`_prepare_ahead`): off the commits."""
+        n = epochs[-1] + 1
+        if self.until is not None and n > self.until:
+            return None
+        places = self._side_places(n)
+        if places is None:
+            return None
+        for name, c in self.inputs.items():
+            if name not in places and c.places([n]) in (WAIT, ENDED):
+                return None
+        from concurrent.futures import ThreadPoolExecutor
+
+        from pyspark import inheritable_thread_target
+
+        group = f"{self._group}|prepare"
+
+        def run() -> None:
+            label_jobs(self.spark, group)
+            t0 = time.monotonic()
+            self._prepare_epoch(n, places, f"beside the commits of epoch {n - 1}")
+            self.profile["prepare beside"] = (self.profile.get("prepare beside", 0.0)
+                                              + time.monotonic() - t0)
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="falkirk-prepare")
+        try:
+            return pool.submit(inheritable_thread_target(self.spark)(run))
+        finally:
+            pool.shutdown(wait=False)
+
+    def _prepared_beside(self, future: Future | None) -> None:
+        """Wait for :meth:`_prepare_beside`'s thread; a preparation that failed is only
+        logged (the epoch is then processed whole, as without it)."""
+        if future is None:
+            return
+        error = future.exception()
+        if error is not None:
+            self.prepared = None
+            log.warning("preparing the next epoch beside the commits failed (%s: %s); it "
+                        "is processed whole", type(error).__name__, error)
 
     def _record_end(self, through: int) -> None:
         """The input ended after epoch ``through``: receivers that read only our Delta
@@ -354,7 +419,12 @@ class JobRunner:
             raise RuntimeFailure(f"job {type(self.logic).__name__} returned no result for "
                                  f"epochs {epochs}")
         t = self._spent("process", t)
-        outputs, state_refs = self._commit_all(result, epochs, active, redo, due, t)
+        beside = self._prepare_beside(epochs)
+        try:
+            outputs, state_refs = self._commit_all(result, epochs, active, redo, due, t)
+        except BaseException:
+            wait([beside] if beside is not None else [])
+            raise
         t = time.monotonic()
         rows = []
         for r in sorted(active):
@@ -384,6 +454,7 @@ class JobRunner:
                 saved = (r, epochs[-1]) in state_refs
                 self.unsaved[r] = None if saved else self.unsaved[r] + len(epochs)
         t = self._spent("epoch log", t)
+        self._prepared_beside(beside)  # before the job moves on: it reads what moves
         self._fold_checkpoints(active)
         self.logic.finish_epoch(ctx)
         for r in active:
@@ -603,13 +674,20 @@ class JobRunner:
             handle = c.prepare(df, epochs)
         prepared[id(c)] = (c, handle, epochs)
 
+    @property
+    def folds_every_s(self) -> float:
+        """Seconds between two reads of the fold requests (:data:`FOLDS_EVERY_S`, or
+        :data:`FOLDS_EVERY_EPOCHS` epochs where that is sooner)."""
+        epoch_s = float(self.pipeline.settings.get("epoch_seconds") or FOLDS_EVERY_S)
+        return min(FOLDS_EVERY_S, FOLDS_EVERY_EPOCHS * epoch_s)
+
     def _fold_checkpoints(self, active: set[str]) -> None:
         """Fold the checkpoints garbage collection no longer needs (its request in the
         epoch log, :meth:`EpochLog.record_fold`): here, between epochs, since this job is
         its stores' one writer and a fold beside a save would delete the save's files."""
         keeping = [r for r in active if self.pipeline.regions[r].keeps_state]
         if not self.persist or not keeping \
-                or time.monotonic() - self.folds_read_at < FOLDS_EVERY_S:
+                or time.monotonic() - self.folds_read_at < self.folds_every_s:
             return
         self.folds_read_at = time.monotonic()
         asked = self.log.folds(self.pipeline.name)

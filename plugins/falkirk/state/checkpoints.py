@@ -58,6 +58,7 @@ from falkirk.errors import FalkirkError
 from falkirk.faults import maybe_crash
 from falkirk.io.lake import (
     TableSchemaError,
+    drop_log_before,
     ensure_table,
     read_table,
     table_filesystem,
@@ -114,6 +115,7 @@ class RetainInfo:
     base_rows: int = 0
     base_bytes: int = 0
     files_removed: list[str] = field(default_factory=list)
+    log_files_removed: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -449,7 +451,11 @@ class CheckpointStore:
         retained checkpoint now reads that commit's version, since the versions before it lose
         their files. Then a full vacuum with zero retention deletes removed files and the
         orphans of crashed saves; it must not run while another save is between its Parquet
-        write and its commit (one writer per store).
+        write and its commit (one writer per store). Last, the Delta log is checkpointed and
+        its files older than the versions the *previous* retain left readable are deleted
+        (one retain behind, so a restore that read the manifest before this one still
+        finds its version): the log stays as long as the retained checkpoints need, where
+        Delta keeps 30 days of commits.
         """
         keep_from = _as_id(keep_from)
         table = self._table()
@@ -490,6 +496,9 @@ class CheckpointStore:
             enforce_retention_duration=False,
             full=True,
         )
+        table.create_checkpoint()
+        readable_before = manifest.versions[manifest.ids[0]]
+        logs = drop_log_before(self.uri, readable_before, self.storage_options)
         return RetainInfo(
             keep_from=keep_from,
             dropped=dropped,
@@ -497,6 +506,7 @@ class CheckpointStore:
             base_rows=n,
             base_bytes=sum(added.values()),
             files_removed=sorted(removed),
+            log_files_removed=logs,
         )
 
     # -- Spark: how jobs save and restore ---------------------------------------------------
