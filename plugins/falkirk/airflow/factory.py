@@ -30,7 +30,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, AssetAny
+from airflow.sdk import DAG, AssetAny, BaseOperator
 
 from falkirk.airflow import assets, batch, checks_tasks, names, streams, supervisor
 from falkirk.airflow import rollback_tasks as steps
@@ -190,17 +190,18 @@ an EmptyOperator, which no worker runs. No params.
 """
 
 
-class EpochRunOperator(PythonOperator):
-    """A batch region's epoch in the task's own process; its outputs are its outlets,
-    announced with the epoch's extras, and its OpenLineage metadata the epoch's."""
+class _AnnouncesEpoch(BaseOperator):
+    """What a batch region's epoch task does once its epoch committed: its outputs are
+    its outlets, announced with the epoch's extras, and its OpenLineage metadata the
+    epoch's (one place for both ways the epoch runs; an operator, so that Airflow's
+    operator machinery wraps its ``__init__`` as it does every operator's)."""
 
     def __init__(self, *, pipeline: str, region: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline, self.region = pipeline, region
         self._lineage: Any = None
 
-    def execute(self, context: Any) -> Any:
-        epoch = super().execute(context)
+    def _announce(self, context: Any, epoch: int) -> int:
         self._lineage = assets.announce_epoch(context, load_pipeline(self.pipeline),
                                               self.region, epoch)
         return epoch
@@ -209,24 +210,21 @@ class EpochRunOperator(PythonOperator):
         return self._lineage
 
 
-class EpochSubmitOperator(SparkSubmitOperator):
+class EpochRunOperator(_AnnouncesEpoch, PythonOperator):
+    """A batch region's epoch in the task's own process (:class:`_AnnouncesEpoch`)."""
+
+    def execute(self, context: Any) -> Any:
+        return self._announce(context, super().execute(context))
+
+
+class EpochSubmitOperator(_AnnouncesEpoch, SparkSubmitOperator):
     """:class:`EpochRunOperator` for a profile without an engine: the epoch by
     spark-submit."""
 
-    def __init__(self, *, pipeline: str, region: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.pipeline, self.region = pipeline, region
-        self._lineage: Any = None
-
     def execute(self, context: Any) -> Any:
         super().execute(context)
-        epoch = batch.epoch_of(self.pipeline, context["data_interval_start"])
-        self._lineage = assets.announce_epoch(context, load_pipeline(self.pipeline),
-                                              self.region, epoch)
-        return epoch
-
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        return self._lineage
+        return self._announce(context, batch.epoch_of(self.pipeline,
+                                                      context["data_interval_start"]))
 
 
 class RollBackOperator(PythonOperator):

@@ -106,7 +106,25 @@ def engine_conf(cfg: Config, host: str, port: int, where: Path) -> dict[str, str
     if host in ("127.0.0.1", "localhost"):
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.bindAddress"] = "127.0.0.1"
+    conf["spark.driver.extraJavaOptions"] = engine_java_options(
+        conf.get("spark.driver.extraJavaOptions", ""), where)
     return conf
+
+
+#: Options of short-lived drivers the engine does not take: it is one JVM that runs every
+#: job's work for hours, where C1 alone (``-XX:TieredStopAtLevel=1``, for drivers that
+#: start often and share the cores with others: falkirk.config) leaves its hot code a
+#: third slower or more once warm.
+NOT_FOR_THE_ENGINE = ("-XX:TieredStopAtLevel=1",)
+
+
+def engine_java_options(options: str, where: Path) -> str:
+    """The engine's JVM options: the profile's drivers' without :data:`NOT_FOR_THE_ENGINE`,
+    and its collections logged to ``gc.log`` beside its log (rotated, 5 files of 10 MB),
+    which shows whether a slow stretch of a run was the collector's."""
+    kept = [o for o in options.split() if o not in NOT_FOR_THE_ENGINE]
+    kept.append(f"-Xlog:gc:file={where / 'gc.log'}:uptime,time:filecount=5,filesize=10m")
+    return " ".join(kept)
 
 
 class LocalEngine:
