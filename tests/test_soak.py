@@ -62,11 +62,11 @@ def test_the_targets_compare_the_last_quarter_with_the_second():
 @pytest.mark.slow
 @pytest.mark.system
 def test_a_short_soak_keeps_checkpoints_bounded_and_loses_nothing(tmp_path):
-    """60 epochs of 1 s with a strike every 15: garbage collection ran beside the jobs
+    """100 epochs of 1 s with a strike every 25: garbage collection ran beside the jobs
     (the watermarks kept incrementally, rebuilt only after rollbacks), the checkpoints
     stopped growing with the epochs once the first folds came, and the outputs equal the
     failure-free run's."""
-    result = soak.soak(tmp_path, epochs=60, epoch_seconds=1.0, kill_every=15,
+    result = soak.soak(tmp_path, epochs=100, epoch_seconds=1.0, kill_every=25,
                        events_per_epoch=20, seed=3, say=print)
     summary = {k: result[k] for k in ("lost", "duplicated", "stuck", "outputs_differ")}
     assert summary == {"lost": 0, "duplicated": 0, "stuck": 0, "outputs_differ": []}, result
@@ -80,7 +80,8 @@ def test_a_short_soak_keeps_checkpoints_bounded_and_loses_nothing(tmp_path):
     # folded every few epochs, their Delta logs cut to what the retained checkpoints
     # read: the last quarter's checkpoints about the second's (issue 57's measure; every
     # layer and commit kept grows them ~2x from the second quarter to the last, and so
-    # did folds 20 s apart with the log kept: 1.5-1.6x)
+    # did folds 20 s apart with the log kept: 1.5-1.6x in 60 epochs). In 60 epochs the
+    # stores sometimes reached their level only in the third quarter (1.42x): 100 here
     assert checkpoints[3] <= 1.3 * checkpoints[1], checkpoints
     json.dumps(result)  # the figures are JSON
     assert "<svg" in soak.store_svg(result)

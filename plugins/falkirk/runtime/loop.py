@@ -420,40 +420,40 @@ class JobRunner:
                                  f"epochs {epochs}")
         t = self._spent("process", t)
         beside = self._prepare_beside(epochs)
-        try:
+        try:  # a failure waits for the preparation first: no thread left behind the job
             outputs, state_refs = self._commit_all(result, epochs, active, redo, due, t)
+            t = time.monotonic()
+            rows = []
+            for r in sorted(active):
+                for x in epochs:
+                    ref = state_refs.get((r, x))
+                    if (r, x) in redo and ref is None:  # nothing new to say about this epoch
+                        continue
+                    mine = {name: logged for name, c in self.inputs.items()
+                            if c.edge.dst == r
+                            and (logged := c.logged(places[name][epochs.index(x)])) is not None}
+                    rows.append(EpochRecord(
+                        self.pipeline.name, r, self._time(r, x), self.generation,
+                        "committed" if ref is None else "checkpointed", inputs=mine or None,
+                        outputs=({**redo[(r, x)].outputs} if (r, x) in redo and
+                                 redo[(r, x)].outputs else outputs.get((r, x))) or None,
+                        state_ref=ref, note=f"pid {os.getpid()}"))
+            if self.persist:
+                self._check_fence(epochs[-1])
+                maybe_hold("runner:fence-checked")
+                self.log.record(*rows)
+                # OpenLineage, when set (FALKIRK_LINEAGE): the epochs written, not those redone
+                epochs_committed(self.cfg, self.pipeline,
+                                 [w for w in rows if (w.region, w.epoch) not in redo])
+            for r in active:
+                self.done[r] = epochs[-1]
+                if self.unsaved[r] is not None:  # recovering: saved at last, or one more
+                    saved = (r, epochs[-1]) in state_refs
+                    self.unsaved[r] = None if saved else self.unsaved[r] + len(epochs)
+            t = self._spent("epoch log", t)
         except BaseException:
             wait([beside] if beside is not None else [])
             raise
-        t = time.monotonic()
-        rows = []
-        for r in sorted(active):
-            for x in epochs:
-                ref = state_refs.get((r, x))
-                if (r, x) in redo and ref is None:  # nothing new to say about this epoch
-                    continue
-                mine = {name: logged for name, c in self.inputs.items()
-                        if c.edge.dst == r
-                        and (logged := c.logged(places[name][epochs.index(x)])) is not None}
-                rows.append(EpochRecord(
-                    self.pipeline.name, r, self._time(r, x), self.generation,
-                    "committed" if ref is None else "checkpointed", inputs=mine or None,
-                    outputs=({**redo[(r, x)].outputs} if (r, x) in redo and
-                             redo[(r, x)].outputs else outputs.get((r, x))) or None,
-                    state_ref=ref, note=f"pid {os.getpid()}"))
-        if self.persist:
-            self._check_fence(epochs[-1])
-            maybe_hold("runner:fence-checked")
-            self.log.record(*rows)
-            # OpenLineage, when set (FALKIRK_LINEAGE): the epochs written, not those redone
-            epochs_committed(self.cfg, self.pipeline,
-                             [w for w in rows if (w.region, w.epoch) not in redo])
-        for r in active:
-            self.done[r] = epochs[-1]
-            if self.unsaved[r] is not None:  # recovering: saved at last, or one more
-                saved = (r, epochs[-1]) in state_refs
-                self.unsaved[r] = None if saved else self.unsaved[r] + len(epochs)
-        t = self._spent("epoch log", t)
         self._prepared_beside(beside)  # before the job moves on: it reads what moves
         self._fold_checkpoints(active)
         self.logic.finish_epoch(ctx)
