@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import threading
-from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -133,7 +132,6 @@ def read_table(table_uri: str, version: int | None = None,
     return dataset.to_table(filter=pq.filters_to_expression(filters) if filters else None)
 
 
-
 def drop_log_before(table_uri: str, version: int,
                     storage_options: dict[str, str] | None = None) -> list[str]:
     """Delete the Delta log files no version ≥ ``version`` needs; the names deleted.
@@ -145,8 +143,7 @@ def drop_log_before(table_uri: str, version: int,
     versions a store still time-travels to; this goes by version, the caller's bound.
     """
     fs = table_filesystem(table_uri.rstrip("/"), storage_options)
-    names = [PurePosixPath(info.path).name
-             for info in fs.get_file_info(pafs.FileSelector("_delta_log"))
+    names = [info.base_name for info in fs.get_file_info(pafs.FileSelector(LOG_DIR))
              if info.type == pafs.FileType.File]
 
     def version_of(name: str) -> int | None:
@@ -161,8 +158,9 @@ def drop_log_before(table_uri: str, version: int,
     gone = sorted(n for n in names if (v := version_of(n)) is not None and v < base)
     for name in gone:
         with contextlib.suppress(FileNotFoundError):  # another cleanup was first
-            fs.delete_file(f"_delta_log/{name}")
+            fs.delete_file(f"{LOG_DIR}/{name}")
     return gone
+
 
 def file_path(uri: str) -> str:
     """file:///x/y -> /x/y; /x/a%20b -> /x/a b (file_uris() percent-encodes local paths)."""

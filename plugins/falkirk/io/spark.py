@@ -56,7 +56,6 @@ def dead_letters(rows, epoch):
     ), "dead_letters")
 
 
-
 def split_checked(checked, fields):
     """``(valid, dead)`` of source rows a job checked: ``checked`` carries the epoch each
     row is checked against (``_epoch``) and why it is not valid (``_reason``, null when it
@@ -68,6 +67,7 @@ def split_checked(checked, fields):
     valid = checked.filter(F.col("_reason").isNull()).select(
         *fields, F.col("_epoch").alias("epoch"))
     return valid, dead_letters(checked.filter(F.col("_reason").isNotNull()), F.col("_epoch"))
+
 
 def null_violations(df, schema, table: str, epoch):
     """``(rows, refused)``: the rows of ``df`` with a value in every column ``schema``
