@@ -87,8 +87,10 @@ def engine_home(tmp_path_factory):
     from falkirk.runtime.engine import stop_local
 
     folder = tmp_path_factory.mktemp("engine")
+    # No warm-up before a run's first jobs (a minute each); test_engine's own test warms.
     settings = {"FALKIRK_LOCAL_ENGINE_DIR": str(folder),
-                "FALKIRK_LOCAL_SPARK_REMOTE": f"sc://127.0.0.1:{free_port()}"}
+                "FALKIRK_LOCAL_SPARK_REMOTE": f"sc://127.0.0.1:{free_port()}",
+                "FALKIRK_ENGINE_WARMUP_S": "0"}
     before = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
     yield folder

@@ -285,8 +285,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
     cfg = load()
     try:
-        if args.action == "start":
-            launcher(cfg).ensure()
+        if args.action == "start":  # before a pipeline's jobs: an engine it starts warms up
+            launcher(cfg).ensure(warm=True)
         elif args.action == "stop":
             print("stopped" if engine.stop_local(cfg) else
                   f"no engine started by falkirk in {engine.folder(cfg)}")

@@ -95,6 +95,11 @@ class Config:
     # The engine's master and heap (its JVM hosts every job's session).
     engine_master: str = "local[2]"
     engine_memory: str = "3g"
+    # Seconds a fresh engine works through warm-up epochs (falkirk.runtime.warmup) when a
+    # pipeline's first start starts it, before any job: a cold engine's first minutes ran
+    # the reference pipeline 2-3x slower. Not when a job's recovery restarts it (that
+    # waits for nobody's warm-up). 0: no warm-up.
+    engine_warmup_s: float = 60.0
     # Where the engine falkirk starts keeps its log and process record (default:
     # <var_dir>/engine): one engine per machine serves sandboxes with var folders of
     # their own.
@@ -291,8 +296,14 @@ def load(env: str | None = None) -> Config:
                                os.environ.get(f"FALKIRK_{f.name.upper()}"))
         if value is None or f.name in ("env", "storage_options", "object_store_credentials"):
             continue
-        if f.type in ("int", int):
-            overrides[f.name] = int(value)
+        if f.type in ("int", int, "float", float):
+            number = int if f.type in ("int", int) else float
+            try:
+                overrides[f.name] = number(value)
+            except ValueError:
+                raise ConfigError(
+                    f"FALKIRK_{f.name.upper()}={value!r} (from the environment) is not "
+                    f"{'an integer' if number is int else 'a number'}") from None
         elif f.type in ("bool", bool):
             overrides[f.name] = value.lower() in ("1", "true", "yes")
         else:

@@ -58,6 +58,10 @@ def start(pipeline: str) -> dict[str, int]:
         log.info("died since the last watch: %s; rolling their regions back first", dead)
         started.update(roll_back_and_restart(pipe, dead, "the start of a supervisor run")
                        ["restarted"])
+    else:  # a start, not a recovery: an engine started now warms up before the jobs
+        from falkirk.runtime.launcher import launcher
+
+        launcher().ensure(warm=True)
     started.update(streams.start_streams(pipe))
     log.info("started %s", started or "nothing: every stream job runs or has finished")
     return started

@@ -53,6 +53,7 @@ from falkirk.io.lake import (
     data_files,
     file_path,
     local_path,
+    log_version,
 )
 
 if TYPE_CHECKING:
@@ -726,11 +727,8 @@ def _relative(table_uri: str, uri: str) -> str:
 def _earliest_log_version(fs: pafs.FileSystem) -> int:
     """The oldest version whose commit file is still in the log."""
     infos = fs.get_file_info(pafs.FileSelector(LOG_DIR, recursive=False))
-    versions = [
-        int(i.base_name[:20])
-        for i in infos
-        if i.base_name.endswith(".json") and i.base_name[:20].isdigit()
-    ]
+    versions = [v for i in infos
+                if i.base_name.endswith(".json") and (v := log_version(i.base_name)) is not None]
     return min(versions) if versions else 0
 
 

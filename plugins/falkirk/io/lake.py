@@ -132,6 +132,13 @@ def read_table(table_uri: str, version: int | None = None,
     return dataset.to_table(filter=pq.filters_to_expression(filters) if filters else None)
 
 
+def log_version(name: str) -> int | None:
+    """The version a Delta log file is of, by its name's 20 digits (``…0042.json``,
+    ``…0040.checkpoint.parquet``, ``…0042.crc``); None for another file."""
+    head = name.split(".", 1)[0]
+    return int(head) if head.isdigit() and len(head) == 20 else None
+
+
 def drop_log_before(table_uri: str, version: int,
                     storage_options: dict[str, str] | None = None) -> list[str]:
     """Delete the Delta log files no version ≥ ``version`` needs; the names deleted.
@@ -145,17 +152,12 @@ def drop_log_before(table_uri: str, version: int,
     fs = table_filesystem(table_uri.rstrip("/"), storage_options)
     names = [info.base_name for info in fs.get_file_info(pafs.FileSelector(LOG_DIR))
              if info.type == pafs.FileType.File]
-
-    def version_of(name: str) -> int | None:
-        head = name.split(".", 1)[0]
-        return int(head) if head.isdigit() and len(head) == 20 else None
-
     checkpoints = [v for n in names if ".checkpoint" in n
-                   and (v := version_of(n)) is not None and v <= version]
+                   and (v := log_version(n)) is not None and v <= version]
     if not checkpoints:
         return []
     base = max(checkpoints)
-    gone = sorted(n for n in names if (v := version_of(n)) is not None and v < base)
+    gone = sorted(n for n in names if (v := log_version(n)) is not None and v < base)
     for name in gone:
         with contextlib.suppress(FileNotFoundError):  # another cleanup was first
             fs.delete_file(f"{LOG_DIR}/{name}")

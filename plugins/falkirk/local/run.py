@@ -102,7 +102,7 @@ class LocalRun:
 
     def start(self, jobs: list[str] | None = None, until_epoch: int | None = None) -> None:
         """Start jobs (default: all) that are not running, each in its own process group."""
-        from falkirk.runtime.launcher import start_job
+        from falkirk.runtime.launcher import launcher, start_job
 
         if until_epoch is not None:
             self.until_epoch = until_epoch
@@ -112,6 +112,8 @@ class LocalRun:
         args = ["--idle-timeout", f"{idle:.0f}"]
         if self.until_epoch is not None:
             args += ["--until-epoch", str(self.until_epoch)]
+        if not self.procs:  # the run's first start: an engine started now warms up first
+            launcher(self.cfg).ensure(warm=True)
         for job in jobs or list(self.jobs):
             proc = self.procs.get(job)
             if proc is not None and proc.poll() is None:

@@ -258,10 +258,13 @@ def folder(cfg: Config) -> Path:
     return Path(cfg.engine_dir or Path(cfg.var_dir) / "engine")
 
 
-def ensure(cfg: Config | None = None) -> None:
+def ensure(cfg: Config | None = None, warm: bool = False) -> None:
     """Start this machine's engine when the config says falkirk runs it and nothing
     answers at ``spark_remote``; return once it answers. One starter at a time (a lock
-    under ``var_dir``): the supervisor may restart several jobs at once."""
+    under ``var_dir``): the supervisor may restart several jobs at once. ``warm``: a
+    pipeline's first start, before any job: an engine started here then works through
+    ``engine_warmup_s`` of warm-up epochs first (falkirk.runtime.warmup); a recovery
+    does not wait for that."""
     cfg = cfg or load()
     if not cfg.spark_remote:
         return
@@ -288,6 +291,10 @@ def ensure(cfg: Config | None = None) -> None:
                 time.sleep(0.2)
             stop_group(running["pgid"])
         LocalEngine(where, port, cfg).start()
+        if warm and cfg.engine_warmup_s > 0:
+            from falkirk.runtime.warmup import warm as warm_up
+
+            warm_up(cfg, cfg.engine_warmup_s, where)
 
 
 def serving(cfg: Config | None = None) -> tuple[int, float] | None:

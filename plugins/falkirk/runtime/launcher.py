@@ -88,8 +88,9 @@ class Launcher(ABC):
         """The Spark Connect URL the jobs are clients of, or None."""
         return None
 
-    def ensure(self) -> None:  # noqa: B027 - an optional hook
-        """Make sure the engine the jobs need answers (nothing to do without one)."""
+    def ensure(self, warm: bool = False) -> None:  # noqa: B027 - an optional hook
+        """Make sure the engine the jobs need answers (nothing to do without one);
+        ``warm``: a pipeline's first start, which lets an engine it starts warm up."""
 
     def engine_process(self) -> EngineProcess | None:
         """The process serving as this machine's engine now, when falkirk runs it: a
@@ -116,8 +117,8 @@ class EngineClient(Launcher):
     def engine(self) -> str | None:
         return self.cfg.spark_remote
 
-    def ensure(self) -> None:  # noqa: B027 - an optional hook
-        engine.ensure(self.cfg)
+    def ensure(self, warm: bool = False) -> None:
+        engine.ensure(self.cfg, warm)
 
     def session(self, app_name: str = "falkirk", session_id: str | None = None,
                 **conf: str) -> Any:

@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from functools import partial, reduce
 from typing import Any
@@ -153,6 +153,7 @@ class JobRunner:
             r: outputs_for(self.wiring, r, persist) for r in self.regions}
         self.watch = None  # a FenceWatch, set when the job parks (JobDriver)
         self.prepared: int | None = None  # the epoch the job prepared ahead
+        self._preparing: ThreadPoolExecutor | None = None  # see _prepare_beside
         self.until: int | None = None  # the last epoch run() processes (None: no end)
         self.folded: dict[str, int] = {}  # region -> the fold request carried out last
         self.folds_read_at = float("-inf")  # monotonic: when the fold requests were read
@@ -284,13 +285,16 @@ class JobRunner:
 
     def _prepare_beside(self, epochs: list[int]) -> Future | None:
         """When the epoch after ``epochs`` is complete already (the job is behind: after an
-        outage, a rollback, a cold start), prepare it in a thread of its own while these
-        epochs commit, so it is then processed as a prepared epoch is: a job one epoch
-        behind otherwise processed each epoch whole, prepare and all, after the commits
-        of the one before, and stayed behind. Caught up, the job prepares while it waits
-        for the records to close instead (:meth:`_prepare_ahead`): off the commits."""
+        outage, a rollback, a cold start), prepare it in the job's preparing thread while
+        these epochs commit, so it is then processed as a prepared epoch is: a job one
+        epoch behind otherwise processed each epoch whole, prepare and all, after the
+        commits of the one before, and stayed behind. Caught up, the job prepares while it
+        waits for the records to close instead (:meth:`_prepare_ahead`): off the commits,
+        and the inputs say so without a look-up (:meth:`InputConnector.may_have_closed`)."""
         n = epochs[-1] + 1
         if self.until is not None and n > self.until:
+            return None
+        if not all(c.may_have_closed(n) for c in self.inputs.values()):
             return None
         places = self._side_places(n)
         if places is None:
@@ -298,8 +302,6 @@ class JobRunner:
         for name, c in self.inputs.items():
             if name not in places and c.places([n]) in (WAIT, ENDED):
                 return None
-        from concurrent.futures import ThreadPoolExecutor
-
         from pyspark import inheritable_thread_target
 
         group = f"{self._group}|prepare"
@@ -311,11 +313,9 @@ class JobRunner:
             self.profile["prepare beside"] = (self.profile.get("prepare beside", 0.0)
                                               + time.monotonic() - t0)
 
-        pool = ThreadPoolExecutor(1, thread_name_prefix="falkirk-prepare")
-        try:
-            return pool.submit(inheritable_thread_target(self.spark)(run))
-        finally:
-            pool.shutdown(wait=False)
+        if self._preparing is None:  # one thread for the job's life, made when first needed
+            self._preparing = ThreadPoolExecutor(1, thread_name_prefix="falkirk-prepare")
+        return self._preparing.submit(inheritable_thread_target(self.spark)(run))
 
     def _prepared_beside(self, future: Future | None) -> None:
         """Wait for :meth:`_prepare_beside`'s thread; a preparation that failed is only
@@ -730,8 +730,6 @@ class JobRunner:
             phase, task = tasks[0]
             task()
             return self._spent(phase, since)
-        from concurrent.futures import ThreadPoolExecutor
-
         from pyspark import inheritable_thread_target
 
         group = self._group
@@ -765,6 +763,9 @@ class JobRunner:
     def close(self) -> None:
         """Close the inputs and let go of the state frames (their checkpointed blocks): a
         session that runs another pipeline next must not hold this one's."""
+        if self._preparing is not None:  # idle: every preparation is waited for
+            self._preparing.shutdown()
+            self._preparing = None
         for c in self.inputs.values():
             c.close()
         self.state.clear()
