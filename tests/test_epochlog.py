@@ -411,3 +411,63 @@ def test_an_append_during_a_compaction_is_neither_lost_nor_put_before_what_it_re
     after = before + [("small", "popularity", 4, "committed")]
     assert _rows(EpochLog(root)) == _rows(compactor) == after
     assert folded in ({"epochs": 4}, {})  # committed beside the append, or gave way
+
+
+def test_a_compaction_drops_rows_no_rollback_can_need_and_replaced_collected_rows(tmp_path):
+    """With garbage collection's reach back (a region -> its oldest epoch needed), a fold
+    drops that region's ``epochs`` rows before it, and only those: other regions and
+    pipelines keep every row, in their order. ``collected`` rows a later row of the same
+    pipeline and edge replaced go too; what the log answers from them stays the same."""
+    root = str(tmp_path / "log")
+    log = EpochLog(root)
+    for k in range(10):
+        log.record(EpochRecord("small", "popularity", k, 0, "committed"),
+                   EpochRecord("small", "stats", k, 0, "committed"),
+                   EpochRecord("other", "popularity", k, 0, "committed"))
+    for through in (1, 3, 5):
+        log.record_collected("small", "purchases", through)
+    log.record_collected("other", "purchases", 2)
+    log.record_fold("small", "communities", 2)
+    log.record_fold("small", "communities", 4)
+    before = _rows(EpochLog(root))
+    answers = (log.collected("small"), log.folds("small"), log.collected("other"))
+    assert set(log.compact(min_files=3, keep_from={"small": {"popularity": 6}})) == {
+        "epochs", "collected"}
+    after = [r for r in before if not (r[0] == "small" and r[1] == "popularity" and r[2] < 6)]
+    assert _rows(EpochLog(root)) == _rows(log) == after
+    assert [r[2] for r in after if r[:2] == ("small", "popularity")] == [6, 7, 8, 9]
+    assert len([r for r in after if r[:2] == ("small", "stats")]) == 10
+    fresh = EpochLog(root)
+    assert (fresh.collected("small"), fresh.folds("small"), fresh.collected("other")) == answers
+    assert len(fresh._read("collected", "small")) == 2  # one row per edge and fold
+
+
+def test_compactions_keep_the_tables_delta_log_about_one_compaction_long(tmp_path):
+    """Each append leaves a commit file in the table's Delta log (Delta's own cleanup keeps
+    them 30 days). A compaction checkpoints the log and deletes its files older than the
+    previous compaction's checkpoint: the log stays bounded, and readers, new or kept from
+    before both compactions, read every row in order."""
+    from falkirk.io.lake import log_version
+
+    root = str(tmp_path / "log")
+    log, kept = EpochLog(root), EpochLog(root)
+    log_dir = tmp_path / "log" / "epochs" / "_delta_log"
+
+    def versions() -> list[int]:
+        return sorted(v for p in log_dir.iterdir() if p.name.endswith(".json")
+                      and (v := log_version(p.name)) is not None)
+
+    for k in range(20):
+        log.record(EpochRecord("small", "popularity", k, 0, "committed"))
+    before = _rows(kept)
+    assert log.compact(min_files=3) == {"epochs": 20}
+    first = versions()
+    assert first[0] == 0  # the first compaction has no earlier checkpoint to go back to
+    checkpoint = max(log_version(p.name) for p in log_dir.glob("*.checkpoint.parquet"))
+    for k in range(20, 40):
+        log.record(EpochRecord("small", "popularity", k, 0, "committed"))
+    assert log.compact(min_files=3) == {"epochs": 21}
+    # what is left: from the first compaction's checkpoint on (its 20 appends' commits gone)
+    assert versions() == list(range(checkpoint, versions()[-1] + 1)) and checkpoint == first[-1]
+    rows = before + [("small", "popularity", k, "committed") for k in range(20, 40)]
+    assert _rows(EpochLog(root)) == _rows(kept) == rows

@@ -368,3 +368,35 @@ def test_housekeeping_compacts_the_log_when_due_and_logs_a_failure_without_raisi
     house = Housekeeping(RELAY, cfg, log, compact_every_s=0, gc_every_s=0)
     assert house.step() is None
     assert "compacting the epoch log failed" in caplog.text
+
+
+def test_the_epoch_log_keeps_each_regions_rows_from_what_a_rollback_may_still_need():
+    """A region's rows go from the oldest of: its low watermark; for a stateful region the
+    oldest checkpoint kept (retain_checkpoints older than the newest at or below its
+    watermark); the epoch after each receiver's watermark, less the edge's delay (the
+    receiver, restored there, finds the sender's epochs by their rows)."""
+    from falkirk.log.epochlog import RegionLog
+    from falkirk.model.times import DOMAINS
+    from falkirk.recovery.gc import log_keep_from
+
+    pipe = Pipeline.from_dict({**PIPE_DICT, "regions": {
+        name: {**spec, "retain_checkpoints": 1} if spec["regime"] in ("lazy", "eager")
+        else spec for name, spec in PIPE_DICT["regions"].items()}})
+    logs = {name: RegionLog(name, DOMAINS[spec.domain]) for name, spec in pipe.regions.items()}
+    for name, spec in pipe.regions.items():
+        dom = DOMAINS[spec.domain]
+        for k in range(12):
+            ref = f"checkpoint:{k}" if spec.keeps_state and k % 3 == 0 else None
+            status = "checkpointed" if ref else "committed"
+            logs[name].entries[dom.parse(k)] = EpochRecord(pipe.name, name, k, 0, status,
+                                                           state_ref=ref)
+    done = dict.fromkeys(pipe.regions, 10)
+    keep = log_keep_from(pipe, logs, done)
+    stateful = [n for n, s in pipe.regions.items() if s.keeps_state]
+    assert stateful and all(keep[n] == 6 for n in stateful)  # checkpoints 9 and 6 kept
+    sender = next(e for e in pipe.edges.values() if e.src is not None and e.dst is not None)
+    behind = {**done, sender.dst: 2}
+    assert log_keep_from(pipe, logs, behind)[sender.src] == min(3 - sender.delay,
+                                                                keep[sender.src])
+    assert log_keep_from(pipe, logs, dict.fromkeys(pipe.regions, -1)) == dict.fromkeys(
+        pipe.regions, -1)

@@ -219,6 +219,7 @@ def soak(workdir: Path, epochs: int, epoch_seconds: float, kill_every: int,
                                      retention_hours=ORPHAN_RETENTION_HOURS)
         next_kill, looked, collected, compacted = kill_every, 0.0, 0.0, time.monotonic()
         at = -1
+        keep: dict[str, int] = {}  # the last collection's reach back (EpochLog.compact)
         while not _all_done(run):
             steady.check()
             if run.failed_jobs():
@@ -231,11 +232,12 @@ def soak(workdir: Path, epochs: int, epoch_seconds: float, kill_every: int,
                                 "bytes": store_bytes(run, broker), "rss_mb": drivers_mb(run)})
                 looked = now
             if now - compacted >= COMPACT_EVERY_S:
-                run.log.compact()
+                run.log.compact(keep_from={run.pipeline.name: keep} if keep else None)
                 compacted = now
             if now - collected >= GC_EVERY_S:
                 try:
-                    collector.step()
+                    report = collector.step()
+                    keep = report.log_keep_from if report is not None else keep
                 except Exception as exc:  # retried at the next step, as the watch does
                     gc_failures += 1
                     say(f"[yellow]garbage collection failed ({type(exc).__name__}: {exc}); "

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -280,21 +281,27 @@ class AppendOrder:
         self._schema: pa.Schema | None = None
         self._rows: dict[str, dict[str, list[dict]]] = {}  # filters -> file -> its rows
         self._lock = threading.Lock()  # a lease's renewing thread reads the same log
+        self._checkpointed: int | None = None  # the version the last fold checkpointed
 
     def read(self, filters: list[tuple[str, str, Any]] | None = None) -> list[dict]:
         with self._lock:
             return self._read(filters)
 
-    def compact(self, min_files: int = COMPACT_MIN_FILES) -> int | None:
+    def compact(self, min_files: int = COMPACT_MIN_FILES,
+                select: Callable[[list[dict]], list[dict]] | None = None) -> int | None:
         """Fold every file of the table into one, its rows in the log's order; the number
         of files folded, or None: fewer than ``min_files``, or another writer committed
-        first (the next call tries again).
+        first (the next call tries again). ``select``: the rows to keep of those read (in
+        their order), the rest dropped with the fold.
 
         Why: each append adds a file, and a new reader (a restarted job, an Airflow task,
         the CLI) opens them all: ~1 s at the hour's campaign's 700 appends, on every
         recovery's path. The overwrite removes only the files of the version read: an
         append committed meanwhile either conflicts (nothing changes) or stays, after the
-        compacted rows (:data:`COMPACTED_THROUGH`)."""
+        compacted rows (:data:`COMPACTED_THROUGH`). Each append also left a commit file in
+        the table's Delta log, which Delta's own cleanup keeps for 30 days: a fold
+        checkpoints the log and deletes its files older than the previous fold's
+        checkpoint (:func:`drop_log_before`), so the log stays about one fold long."""
         from deltalake import CommitProperties, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
@@ -305,16 +312,29 @@ class AppendOrder:
             if folded < min_files:
                 return None
             read = table.version()
+            kept = rows if select is None else select(rows)
             maybe_crash("log:before-compaction-commit")
             try:
                 write_deltalake(
-                    table, pa.Table.from_pylist(rows, schema=self._schema), mode="overwrite",
+                    table, pa.Table.from_pylist(kept, schema=self._schema), mode="overwrite",
                     commit_properties=CommitProperties(
                         custom_metadata={COMPACTED_THROUGH: read}, max_commit_retries=0))
             except CommitFailedError:
                 return None
             self._vacuum()
+            self._trim_log()
             return folded
+
+    def _trim_log(self) -> None:
+        """Checkpoint the Delta log at its latest version and delete its files older than
+        the checkpoint the previous fold made: a reader that last looked before that
+        (a fold's interval ago) reloads from a checkpoint (delta-rs's update)."""
+        table = self.log.table()
+        version = table.version()
+        table.create_checkpoint()
+        if self._checkpointed is not None:
+            drop_log_before(self.log.table_uri, self._checkpointed, self.log.storage_options)
+        self._checkpointed = version
 
     def _vacuum(self) -> None:
         """Delete the files compactions took out at least :data:`VACUUM_AFTER_HOURS` ago."""

@@ -44,6 +44,21 @@ LOG_TABLES = ("epochs", "rollbacks", "fences", "leases", "job_runs", "ends", "bo
               "collected", "checks")
 
 
+def _epochs_from(keep_from: dict[str, dict[str, int]]) -> Any:
+    """``epochs`` rows but those of a region of ``keep_from`` before its epoch there."""
+    def select(rows: list[dict]) -> list[dict]:
+        return [r for r in rows
+                if (bound := keep_from.get(r["pipeline"], {}).get(r["region"])) is None
+                or EpochRecord.from_row(r).epoch >= bound]
+    return select
+
+
+def _latest_collected(rows: list[dict]) -> list[dict]:
+    """``collected`` rows but those a later row of the same pipeline and edge replaced."""
+    last = {(r["pipeline"], r["edge"]): i for i, r in enumerate(rows)}
+    return [r for i, r in enumerate(rows) if last[(r["pipeline"], r["edge"])] == i]
+
+
 class EpochLogError(FalkirkError):
     """The epoch log cannot answer as asked (unknown region, bad row)."""
 
@@ -251,16 +266,26 @@ class EpochLog:
         order = self._order(table)
         return [] if order is None else order.read(filters=[("pipeline", "=", pipeline)])
 
-    def compact(self, min_files: int = COMPACT_MIN_FILES) -> dict[str, int]:
+    def compact(self, min_files: int = COMPACT_MIN_FILES,
+                keep_from: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
         """Compact each log table of at least ``min_files`` files into one, keeping the
         order of its rows (:meth:`falkirk.io.lake.AppendOrder.compact`): table -> files
         folded. The streams supervisor's watch calls it as it goes, so a new reader of
         the log opens at most about ``min_files`` files of each table, however long the
-        pipeline has run."""
+        pipeline has run.
+
+        What no reader needs goes with the fold, so the log stays as long as the
+        pipeline's reach back, not its age: rows of ``collected`` another row of the same
+        pipeline and edge has replaced (its readers take the latest), and with
+        ``keep_from`` (pipeline -> region -> epoch: garbage collection's
+        :func:`falkirk.recovery.gc.log_keep_from`) a region's ``epochs`` rows of epochs
+        before that, which no rollback can restore to or replay from."""
         folded = {}
         for table in LOG_TABLES:
             order = self._order(table)
-            if order is not None and (n := order.compact(min_files)) is not None:
+            select = {"epochs": _epochs_from(keep_from or {}),
+                      "collected": _latest_collected}.get(table)
+            if order is not None and (n := order.compact(min_files, select)) is not None:
                 folded[table] = n
         return folded
 

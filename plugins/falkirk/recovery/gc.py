@@ -83,6 +83,8 @@ class GcReport:
     watermarks: dict[str, Any] = field(default_factory=dict)  # region -> JSON frontier
     items: list[GcItem] = field(default_factory=list)
     kept_tables: list[str] = field(default_factory=list)  # products: no row deleted
+    # region -> the oldest epoch whose epoch-log rows a rollback may still need
+    log_keep_from: dict[str, int] = field(default_factory=dict)
 
     def of(self, kind: str) -> dict[str, GcItem]:
         """The items of one kind, by name."""
@@ -106,6 +108,7 @@ class GcReport:
     def to_json(self) -> dict:
         return {"pipeline": self.pipeline, "applied": self.applied,
                 "watermarks": self.watermarks, "kept_tables": self.kept_tables,
+                "log_keep_from": self.log_keep_from,
                 "items": [asdict(i) for i in self.items],
                 "freed_bytes": sum(i.bytes for i in self.items)}
 
@@ -134,6 +137,7 @@ def collect(pipeline: Pipeline, cfg: Config | None = None, epoch_log: EpochLog |
     collected: dict[str, Any] = {}  # logged edge -> the time its receiver no longer needs
 
     _checkpoints(pipeline, cfg, logs, done_epoch, report, opts)
+    report.log_keep_from = log_keep_from(pipeline, logs, done_epoch)
     log_tables = pipeline.log_tables()
     report.kept_tables = sorted({e.table for e in pipeline.edges.values()
                                  if e.kind == "delta" and e.table not in log_tables})
@@ -168,10 +172,7 @@ def _checkpoints(pipeline: Pipeline, cfg: Config, logs: dict[str, RegionLog],
     from falkirk.state.checkpoints import CheckpointStore
 
     for name, spec in pipeline.regions.items():
-        if not spec.keeps_state:
-            continue
-        ids = sorted({int(r.state_ref.split(":")[-1]) for r in logs[name].restorable(spec.regime)
-                      if r.state_ref and r.epoch <= max(done_epoch[name], -1)})
+        ids = _checkpoint_ids(pipeline, logs, done_epoch, name)
         if not ids:
             continue
         keep_from = ids[max(0, len(ids) - 1 - spec.retain_checkpoints)]
@@ -185,6 +186,39 @@ def _checkpoints(pipeline: Pipeline, cfg: Config, logs: dict[str, RegionLog],
                                            retain=spec.retain_checkpoints)
         report.items.append(GcItem("checkpoints", name, "checkpoints", rule, rows, files, size,
                                    {"keep_from": keep_from, "dropped": dropped}))
+
+
+def _checkpoint_ids(pipeline: Pipeline, logs: dict[str, RegionLog],
+                    done_epoch: dict[str, int], region: str) -> list[int]:
+    """A stateful region's checkpoints at or below its low watermark, oldest first."""
+    spec = pipeline.regions[region]
+    if not spec.keeps_state:
+        return []
+    return sorted({int(r.state_ref.split(":")[-1]) for r in logs[region].restorable(spec.regime)
+                   if r.state_ref and r.epoch <= max(done_epoch[region], -1)})
+
+
+def log_keep_from(pipeline: Pipeline, logs: dict[str, RegionLog],
+                  done_epoch: dict[str, int]) -> dict[str, int]:
+    """Per region, the oldest epoch whose rows in the epoch log a rollback may still need
+    (older ones go with the log's next compaction, ``EpochLog.compact``): its low
+    watermark; for a stateful region the oldest checkpoint garbage collection keeps
+    (``retain_checkpoints`` older than the newest at or below the watermark: a restore
+    starts from one and replays the epochs after it); and for every receiver of its
+    outputs the epoch after the receiver's watermark, less the edge's delay (a receiver
+    restored there reads the sender's epochs from then on, each found by its row). -1
+    keeps every row (a region with nothing below its watermark yet)."""
+    out = {}
+    for name, spec in pipeline.regions.items():
+        keep = done_epoch[name]
+        ids = _checkpoint_ids(pipeline, logs, done_epoch, name)
+        if ids:
+            keep = min(keep, ids[max(0, len(ids) - 1 - spec.retain_checkpoints)])
+        for edge in pipeline.out_edges(name):
+            if edge.dst is not None:
+                keep = min(keep, done_epoch[edge.dst] + 1 - edge.delay)
+        out[name] = max(keep, -1)
+    return out
 
 
 def _log_through(pipeline: Pipeline, table: str, retain: int, logs: dict[str, RegionLog],
@@ -437,6 +471,9 @@ class Housekeeping:
         started = time.monotonic() - (max(compact_every_s or 0, gc_every_s) if at_once
                                        else 0)
         self._compacted = self._collected = started
+        self.pipeline = pipeline
+        # the last collection's reach back: epoch-log rows before it go with a compaction
+        self.log_keep_from: dict[str, int] = {}
 
     def step(self) -> GcReport | None:
         """Whatever is due now; the garbage collection's report when one ran and the
@@ -445,14 +482,17 @@ class Housekeeping:
         if (self.compact_every_s is not None
                 and now - self._compacted >= self.compact_every_s):
             self._compacted = now
+            keep = {self.pipeline.name: self.log_keep_from} if self.log_keep_from else None
             folded = self._attempt("compacting the epoch log", self.compact_every_s,
-                                   self.log.compact)
+                                   lambda: self.log.compact(keep_from=keep))
             if folded:
                 self.say.info("epoch log compacted (table: files folded): %s", folded)
         if self.collector is None or now - self._collected < self.gc_every_s:
             return None
         self._collected = now
         report = self._attempt("collecting garbage", self.gc_every_s, self.collector.step)
+        if report is not None:
+            self.log_keep_from = report.log_keep_from
         if report is not None and report.items:
             self.say.info("garbage collected below watermarks %s: %s", report.watermarks,
                           "; ".join(f"{i.kind} {i.name}: {i.rows} rows, {i.bytes} bytes"
