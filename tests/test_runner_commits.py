@@ -71,3 +71,42 @@ def test_a_failed_commit_fails_the_epoch_after_the_others_end(spark):
     with pytest.raises(RuntimeError, match="Delta refused the write"):
         runner._side_by_side([("write agg", fails), ("write report", slow)], 0.0)
     assert ended.is_set()
+
+
+def test_commits_that_fail_while_the_next_epoch_is_prepared_beside_them_wait_for_it():
+    """Forced interleaving: the next epoch's preparation (a job behind prepares it beside
+    the commits: ``JobRunner._prepare_beside``) is held; the commits fail meanwhile. The
+    failure is raised only once the preparation has ended, or the job would exit with a
+    thread of its still running on its session. Without the wait the error came at
+    once, the preparation still held."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    preparing, release, failed = threading.Event(), threading.Event(), threading.Event()
+
+    def prepare() -> None:
+        preparing.set()
+        release.wait(60)
+
+    def commit() -> None:
+        failed.set()
+        raise RuntimeError("Delta refused the commit")
+
+    raised: list[bool] = []  # whether the preparation had ended when the error came
+
+    def epoch() -> None:
+        try:
+            JobRunner._while_preparing(beside, commit)
+        except RuntimeError:
+            raised.append(beside.done())
+
+    with ThreadPoolExecutor(1) as pool:
+        beside = pool.submit(prepare)
+        assert preparing.wait(30)
+        runs = threading.Thread(target=epoch)
+        runs.start()
+        assert failed.wait(30)
+        runs.join(2.0)  # without the wait, the error is out by now
+        assert runs.is_alive() and raised == []
+        release.set()
+        runs.join(30)
+    assert raised == [True]

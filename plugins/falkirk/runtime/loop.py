@@ -328,6 +328,17 @@ class JobRunner:
             log.warning("preparing the next epoch beside the commits failed (%s: %s); it "
                         "is processed whole", type(error).__name__, error)
 
+    @staticmethod
+    def _while_preparing(beside: Future | None, work: Callable[[], Any]) -> Any:
+        """``work()`` (an epoch's commits and its epoch-log rows) while the next epoch is
+        prepared beside it; a failure waits for the preparation before it is raised, so
+        no thread of the job's is left running on its session behind its exit."""
+        try:
+            return work()
+        except BaseException:
+            wait([beside] if beside is not None else [])
+            raise
+
     def _record_end(self, through: int) -> None:
         """The input ended after epoch ``through``: receivers that read only our Delta
         outputs (and would wait for the next epoch forever) end too."""
@@ -420,7 +431,8 @@ class JobRunner:
                                  f"epochs {epochs}")
         t = self._spent("process", t)
         beside = self._prepare_beside(epochs)
-        try:  # a failure waits for the preparation first: no thread left behind the job
+
+        def commit(t: float) -> float:
             outputs, state_refs = self._commit_all(result, epochs, active, redo, due, t)
             t = time.monotonic()
             rows = []
@@ -451,9 +463,9 @@ class JobRunner:
                     saved = (r, epochs[-1]) in state_refs
                     self.unsaved[r] = None if saved else self.unsaved[r] + len(epochs)
             t = self._spent("epoch log", t)
-        except BaseException:
-            wait([beside] if beside is not None else [])
-            raise
+            return t
+
+        t = self._while_preparing(beside, lambda: commit(t))
         self._prepared_beside(beside)  # before the job moves on: it reads what moves
         self._fold_checkpoints(active)
         self.logic.finish_epoch(ctx)
