@@ -87,6 +87,8 @@ def warm(cfg: Config, seconds: float, where: Path,
     session_id = spark.session_id
     writer = EpochWriter(spark, str(scratch / "epochs"), "warmup", 1, SCHEMA)
     epochs, times = 0, []
+    say(f"warming the fresh engine for {seconds:g} s before the jobs start: epochs of "
+        f"{EVENTS_PER_EPOCH:,} synthetic events in {scratch}")
     try:
         while time.monotonic() - started < seconds:
             t0 = time.monotonic()
