@@ -181,7 +181,7 @@ def test_a_batch_run_announces_its_epoch_as_its_outlets_extra(airflow_env, sandb
 
     pipeline = load_pipeline(PIPELINE)
     context = {"outlet_events": OutletEventAccessors()}
-    lineage = announce_epoch(context, pipeline, "popularity", 3)
+    lineage = announce_epoch(context, pipeline, "popularity", [3])
     extra = context["outlet_events"][output_asset(pipeline, "item_popularity")].extra
     assert extra == {"pipeline": PIPELINE, "region": "popularity", "epoch": 3,
                      "generation": 0, "table": "item_popularity", "table_version": 4}
@@ -194,7 +194,10 @@ def test_a_batch_run_announces_its_epoch_as_its_outlets_extra(airflow_env, sandb
         PIPELINE, "popularity", 3, 0)
     with pytest.raises(AirflowFailException, match="popularity epoch 7: the epoch log "
                                                    "shows nothing, not committed"):
-        announce_epoch(context, pipeline, "popularity", 7)
+        announce_epoch(context, pipeline, "popularity", [7])
+    announce_epoch(context, pipeline, "popularity", [2, 3])  # a run that caught up
+    extra = context["outlet_events"][output_asset(pipeline, "item_popularity")].extra
+    assert (extra["from_epoch"], extra["epoch"], extra["table_version"]) == (2, 3, 4)
 
 
 def test_a_consumer_gets_the_same_extras_from_a_run_and_from_the_watcher(airflow_env):

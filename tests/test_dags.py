@@ -336,11 +336,11 @@ def test_a_batch_epoch_whose_engine_dies_under_it_runs_again_in_the_same_try(
         return 0
 
     monkeypatch.setattr(driver, "run_job", job)
-    monkeypatch.setattr("falkirk.runtime.engine.ensure", lambda cfg=None: None)
+    monkeypatch.setattr("falkirk.runtime.engine.ensure", lambda cfg=None, warm=False: None)
     start = batch.origin(load_pipeline("reference")) + timedelta(seconds=20)
     new_engine()
     try:
-        assert batch.run_epoch("reference", "popularity", start) == 2
+        assert batch.run_epoch("reference", "popularity", start) == [2]
         assert len(runs) == 2 and runs[0] == runs[1] and "2" in runs[0]
         runs.clear()
         monkeypatch.setattr(driver, "run_job", lambda logic, argv: runs.append(argv) or 1)
@@ -396,22 +396,29 @@ def _runs(dag, after=None, most: int = 200) -> list:
 
 
 def _epochs(infos) -> list[int]:
-    """The epochs of runs, each checked to be exactly one epoch's window."""
-    from falkirk.airflow.batch import epoch_of
+    """The epochs runs cover, in order, each run checked to be whole consecutive epochs'
+    windows (one, or up to ``max_pass`` for a run that catches up), after the run before."""
+    from falkirk.airflow.batch import epochs_of
+    from falkirk.config import load
 
-    infos = list(infos)
+    covered: list[int] = []
     for info in infos:
-        assert info.data_interval.end - info.data_interval.start == timedelta(seconds=10)
+        span = info.data_interval.end.timestamp() - info.data_interval.start.timestamp()
+        assert span % 10 == 0 and 10 <= span <= 10 * load().max_pass
         assert info.run_after == info.data_interval.end
-    return [epoch_of("reference", info.data_interval.start) for info in infos]
+        epochs = epochs_of("reference", info.data_interval.start, info.data_interval.end)
+        assert not covered or epochs[0] == covered[-1] + 1
+        covered += epochs
+    return covered
 
 
 def test_every_epoch_the_inputs_committed_gets_a_batch_run_however_many(airflow_env,
                                                                         tmp_path, monkeypatch):
     """Issue 59: a 20-epoch pipeline got 10 batch runs, silently (a fixed default cap).
-    The batch DAG now runs every epoch its input has: with 25 epochs committed, 25 runs,
-    epochs 0..24, each one epoch's window, none skipped, none after; once more are
-    committed the next parse makes their runs, after the last one made."""
+    The batch DAG now runs every epoch its input has: with 25 epochs committed, epochs
+    0..24, none skipped, none after; once more are committed the next parse makes their
+    runs, after the last one made. Epochs ready together get one run (the region is
+    behind: its job does them in one pass), up to max_pass; with max_pass 1, a run each."""
     from falkirk.airflow.batch import origin
     from falkirk.model.topology import load_pipeline
 
@@ -422,8 +429,13 @@ def test_every_epoch_the_inputs_committed_gets_a_batch_run_however_many(airflow_
     dag = _batch_dag()
     assert dag.end_date is None  # no cap
     runs = _runs(dag)
-    assert _epochs(runs) == list(range(25))
+    assert _epochs(runs) == list(range(25)) and len(runs) == 1  # 25 ready: one pass
     assert runs[0].data_interval.start == origin(load_pipeline("reference"))
+    monkeypatch.setenv("FALKIRK_MAX_PASS", "10")
+    assert [len(_epochs([r])) for r in _runs(_batch_dag())] == [10, 10, 5]
+    monkeypatch.setenv("FALKIRK_MAX_PASS", "1")
+    assert len(_runs(_batch_dag())) == 25
+    monkeypatch.delenv("FALKIRK_MAX_PASS")
     # what a backfill over all time would make, too (Airflow's iteration of the timetable)
     assert _epochs(dag.iter_dagrun_infos_between(None, runs[-1].data_interval.end
                                                  + timedelta(days=365))) == list(range(25))
@@ -863,7 +875,8 @@ def test_after_the_engines_death_it_starts_again_beside_the_rollback(tmp_path, m
     starting = threading.Event()
     seen_in_the_rollback: list[bool] = []
 
-    def start_engine(cfg=None) -> None:
+    def start_engine(cfg=None, warm=False) -> None:
+        assert not warm  # a recovery's restart: no warm-up
         starting.set()
 
     def stop_regions(pipe, regions, cfg=None, park_s=0.0, epoch_log=None) -> list[str]:
@@ -879,7 +892,7 @@ def test_after_the_engines_death_it_starts_again_beside_the_rollback(tmp_path, m
     assert "the Spark engine started again beside the rollback" in said
     assert launched == ["jobs/serve.py"] and out["restarted"] == {"jobs/serve.py": 1}
 
-    def fails(cfg=None) -> None:
+    def fails(cfg=None, warm=False) -> None:
         raise engine.EngineError("the engine on port 1 exited with code 1 while starting")
 
     monkeypatch.setattr(engine, "ensure", fails)
@@ -1239,7 +1252,7 @@ def test_invalidated_batch_epochs_are_rerun_in_order(tmp_path, monkeypatch):
     monkeypatch.setenv("FALKIRK_VAR_DIR", str(tmp_path))
     pipeline = load_pipeline("reference")
     runs: list[tuple[str, list[str]]] = []
-    codes = iter([0, 0, 3])
+    codes = iter([0, 0, 3])  # the pass of epochs 2-3, epoch 5's run, epoch 4's
 
     class Finished:
         def wait(self):
@@ -1253,9 +1266,11 @@ def test_invalidated_batch_epochs_are_rerun_in_order(tmp_path, monkeypatch):
     invalidated = [{"region": "popularity", "time": 3, "generation": 0},
                    {"region": "communities", "time": [3, "inf"], "generation": 0},
                    {"region": "popularity", "time": 2, "generation": 0}]
-    assert streams.rerun_batch_epochs(pipeline, invalidated) == {"popularity": [2, 3]}
-    assert [(job, args[:2]) for job, args in runs] == [
-        ("jobs/popularity.py", ["--epoch", "2"]), ("jobs/popularity.py", ["--epoch", "3"])]
+    invalidated.append({"region": "popularity", "time": 5, "generation": 0})
+    assert streams.rerun_batch_epochs(pipeline, invalidated) == {"popularity": [2, 3, 5]}
+    assert [(job, args[:4]) for job, args in runs] == [  # consecutive epochs in one pass
+        ("jobs/popularity.py", ["--epoch", "2", "--until-epoch", "3"]),
+        ("jobs/popularity.py", ["--epoch", "5", "--idle-timeout", "300"])]
     with pytest.raises(FalkirkError, match="rerun of popularity epoch 4 exited 3; see .*"
                                            "reference-popularity.log"):
         streams.rerun_batch_epochs(pipeline, [{"region": "popularity", "time": 4}])

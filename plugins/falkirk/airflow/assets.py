@@ -126,15 +126,18 @@ def region_assets(pipeline: Pipeline, region: str, cfg: Config | None = None) ->
 
 
 def announce_epoch(context: Mapping[str, Any], pipeline: Pipeline, region: str,
-                   epoch: int) -> Any:
-    """Set the extra of each outlet event of a batch run from its epoch's committed row;
-    the run's OpenLineage metadata (inputs, outputs, the falkirk run facet)."""
+                   epochs: list[int]) -> Any:
+    """Set the extra of each outlet event of a batch run from its last epoch's committed
+    row (a run that caught up over several epochs: with ``from_epoch``, its first; the
+    table's version is the last epoch's, which holds them all); the run's OpenLineage
+    metadata (inputs, outputs, the falkirk run facet)."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     from falkirk.log.epochlog import EpochLog
     from falkirk.model.times import DOMAINS, time_of
 
     spec = pipeline.regions[region]
+    epoch = epochs[-1]
     entries = EpochLog.from_config().regions(pipeline)[region].entries
     row = entries.get(DOMAINS[spec.domain].parse(time_of(spec.domain, epoch)))
     if row is None or row.status not in ("committed", "checkpointed"):
@@ -145,6 +148,8 @@ def announce_epoch(context: Mapping[str, Any], pipeline: Pipeline, region: str,
     cfg = load()
     for place, written in epoch_outputs(pipeline, row).items():
         extra = commit_extra(pipeline.name, row, place, written)
+        if len(epochs) > 1:
+            extra["from_epoch"] = epochs[0]
         context["outlet_events"][output_asset(pipeline, place, cfg)].extra = extra
         log.info("announced %s: %s", asset_name(pipeline.name, place), extra)
     inputs, outputs = region_datasets(cfg, pipeline, region, row.inputs, row.outputs)

@@ -1,4 +1,5 @@
-"""Batch epochs under Airflow: one DAG run per epoch, whose data interval is the epoch.
+"""Batch epochs under Airflow: a DAG run per epoch, whose data interval is the epoch (or
+the epochs ready together, when the region is behind: :class:`EpochTimetable`).
 
 Epochs are event-time windows of the pipeline's settings: epoch k covers
 [origin + k·length, origin + (k+1)·length). The batch DAG's timetable has exactly those
@@ -85,8 +86,19 @@ def epoch_of(pipeline_name: str, data_interval_start: datetime) -> int:
     return int(epoch)
 
 
+def epochs_of(pipeline_name: str, data_interval_start: datetime,
+              data_interval_end: datetime | None = None) -> list[int]:
+    """The epochs of a run's data interval, in order: one epoch's window, or the several
+    of a run that catches up (:class:`EpochTimetable` widens a run's interval over the
+    epochs ready when it is made). Without an end: the epoch at the start."""
+    first = epoch_of(pipeline_name, data_interval_start)
+    if data_interval_end is None:
+        return [first]
+    return list(range(first, max(first + 1, epoch_of(pipeline_name, data_interval_end))))
+
+
 def schedule(pipeline_name: str, region: str) -> dict[str, Any]:
-    """timetable, start_date and end_date of a batch region's DAG: one run per epoch from
+    """timetable, start_date and end_date of a batch region's DAG: a run per epoch from
     FALKIRK_BATCH_FIRST_EPOCH (default 0), for every epoch its inputs can be complete for
     (:class:`EpochTimetable`), below FALKIRK_BATCH_EPOCHS when that is set (an explicit
     cap; unset: none). A start in the past makes catchup run them one after another. A
@@ -239,6 +251,11 @@ class EpochTimetable(DeltaDataIntervalTimetable):
 
     def next_dagrun_info(self, *, last_automated_data_interval: DataInterval | None,
                          restriction: TimeRestriction) -> DagRunInfo | None:
+        """The next epoch's run; when more epochs after it are ready already (the region
+        is behind: a slow start, an outage, a rollback), one run for all of them, up to
+        ``Config.max_pass`` and the end_date: its job processes them in one pass, where a
+        run per epoch cost ~9 s of Airflow's scheduling each and a batch region behind
+        stayed behind (every reader downstream with it)."""
         last = self.last_epoch()
         if last is None:  # no input bounds the epochs: only an end_date does
             if restriction.latest is None:
@@ -249,13 +266,24 @@ class EpochTimetable(DeltaDataIntervalTimetable):
             latest = through if restriction.latest is None else min(restriction.latest,
                                                                      through)
             restriction = restriction._replace(latest=latest)
-        return super().next_dagrun_info(
+        info = super().next_dagrun_info(
             last_automated_data_interval=last_automated_data_interval, restriction=restriction)
+        if info is None or restriction.latest is None:
+            return info
+        start = info.data_interval.start
+        # epochs from ``start`` on, in seconds (pendulum's intervals refuse a timedelta)
+        ready = int((restriction.latest.timestamp() - start.timestamp())
+                    // self._delta.total_seconds()) + 1
+        epochs = max(1, min(ready, load().max_pass))
+        if epochs == 1:
+            return info
+        return DagRunInfo.interval(start=start, end=start + epochs * self._delta)
 
 
 def submit_kwargs(pipeline_name: str, region: str) -> dict[str, Any]:
-    """SparkSubmitOperator arguments for one epoch of a batch region (the epoch comes from
-    the run's data interval through the ``falkirk_epoch`` macro)."""
+    """SparkSubmitOperator arguments for a run of a batch region (its epochs come from the
+    run's data interval through the ``falkirk_epoch`` and ``falkirk_last_epoch``
+    macros)."""
     pipeline = load_pipeline(pipeline_name)
     cfg = load()
     return {
@@ -263,7 +291,8 @@ def submit_kwargs(pipeline_name: str, region: str) -> dict[str, Any]:
         "conn_id": "spark_default",
         "name": f"falkirk-{pipeline.name}-{region}",
         "application_args": ["--pipeline", pipeline.name, "--epoch",
-                             "{{ falkirk_epoch(data_interval_start) }}",
+                             "{{ falkirk_epoch(data_interval_start) }}", "--until-epoch",
+                             "{{ falkirk_last_epoch(data_interval_start, data_interval_end) }}",
                              "--idle-timeout", "600"],
         "conf": launch_conf(cfg),
     }
@@ -274,11 +303,13 @@ def submit_kwargs(pipeline_name: str, region: str) -> dict[str, Any]:
 ENGINE_LOSSES_PER_TRY = 20
 
 
-def run_epoch(pipeline: str, region: str, data_interval_start: datetime) -> int:
-    """Run this DAG run's epoch of a batch region in the task's own process, a client of
-    the Spark Connect engine (``Config.spark_remote``; falkirk.runtime.launcher): no
-    spark-submit, no driver JVM to start for each epoch. Fails the task unless the job
-    ended well; returns the epoch.
+def run_epoch(pipeline: str, region: str, data_interval_start: datetime,
+              data_interval_end: datetime | None = None) -> list[int]:
+    """Run this DAG run's epochs of a batch region (one, or the several of a run that
+    catches up, in one pass) in the task's own process, a client of the Spark Connect
+    engine (``Config.spark_remote``; falkirk.runtime.launcher): no spark-submit, no
+    driver JVM to start for each epoch. Fails the task unless the job ended well; returns
+    the epochs.
 
     When the engine that falkirk runs died under the epoch (it is dead, or another process
     serves now: :meth:`falkirk.runtime.launcher.Launcher.engine_lost`), the epoch runs
@@ -287,46 +318,55 @@ def run_epoch(pipeline: str, region: str, data_interval_start: datetime) -> int:
     spent all 9 tries of one epoch in 14 minutes, half of them on engine kills, leaving
     every region downstream waiting. Its rerun is safe: the epoch's outputs are written
     exactly once."""
-    from falkirk.runtime.driver import run_job
+    from falkirk.runtime.driver import epoch_args, run_job
     from falkirk.runtime.job import job_logic
     from falkirk.runtime.launcher import launcher
 
     spec = load_pipeline(pipeline)
     launch = launcher(load())
-    epoch = epoch_of(pipeline, data_interval_start)
+    epochs = epochs_of(pipeline, data_interval_start, data_interval_end)
     for run in range(1, ENGINE_LOSSES_PER_TRY + 2):
         before = launch.engine_process()
         code = run_job(job_logic(spec.job_path(spec.regions[region].job)),
-                       ["--pipeline", spec.source or spec.name, "--epoch", str(epoch),
-                        "--idle-timeout", "600"])
+                       ["--pipeline", spec.source or spec.name,
+                        *epoch_args(epochs), "--idle-timeout", "600"])
         if code == 0:
-            return epoch
+            return epochs
         lost = launch.engine_lost(before)
         if not lost or run > ENGINE_LOSSES_PER_TRY:
             break
-        log.warning("%s epoch %d: the Spark engine died under it (%d time(s) in this try); "
-                    "running it again once the engine answers", region, epoch, run)
+        log.warning("%s %s: the Spark engine died under it (%d time(s) in this try); "
+                    "running it again once the engine answers", region, _named(epochs), run)
         launch.ensure()
     # retried as SparkSubmitOperator's failures are (DEFAULT_ARGS)
-    raise RuntimeError(f"{region} epoch {epoch}: the job failed with exit code {code}; "
+    raise RuntimeError(f"{region} {_named(epochs)}: the job failed with exit code {code}; "
                        "its error is above in this log and in the epoch log's job_runs")
 
 
+def _named(epochs: list[int]) -> str:
+    return f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}-{epochs[-1]}"
+
+
 def macros(pipeline_name: str) -> dict[str, Any]:
-    """user_defined_macros of a batch DAG: ``falkirk_epoch(data_interval_start)``."""
-    return {"falkirk_epoch": lambda start: epoch_of(pipeline_name, start)}
+    """user_defined_macros of a batch DAG: ``falkirk_epoch(data_interval_start)``, and
+    ``falkirk_last_epoch(data_interval_start, data_interval_end)`` (a run that catches
+    up covers several epochs)."""
+    return {"falkirk_epoch": lambda start: epoch_of(pipeline_name, start),
+            "falkirk_last_epoch": lambda start, end: epochs_of(pipeline_name, start, end)[-1]}
 
 
-def verify_committed(pipeline: str, region: str, data_interval_start: datetime) -> int:
-    """Fail unless the epoch log shows this run's epoch committed by ``region``."""
+def verify_committed(pipeline: str, region: str, data_interval_start: datetime,
+                     data_interval_end: datetime | None = None) -> list[int]:
+    """Fail unless the epoch log shows every epoch of this run committed by ``region``."""
     spec = load_pipeline(pipeline).regions[region]
-    epoch = epoch_of(pipeline, data_interval_start)
     dom = DOMAINS[spec.domain]
     entries = EpochLog.from_config().regions(load_pipeline(pipeline))[region].entries
-    row = entries.get(dom.parse(time_of(spec.domain, epoch)))
-    if row is None or row.status not in spec.regime_rules.restorable:
-        raise AirflowFailException(
-            f"{region} epoch {epoch}: the epoch log shows "
-            f"{'nothing' if row is None else row.status!r}, not committed")
-    log.info("%s epoch %d committed in generation %d", region, epoch, row.generation)
-    return epoch
+    epochs = epochs_of(pipeline, data_interval_start, data_interval_end)
+    for epoch in epochs:
+        row = entries.get(dom.parse(time_of(spec.domain, epoch)))
+        if row is None or row.status not in spec.regime_rules.restorable:
+            raise AirflowFailException(
+                f"{region} epoch {epoch}: the epoch log shows "
+                f"{'nothing' if row is None else row.status!r}, not committed")
+        log.info("%s epoch %d committed in generation %d", region, epoch, row.generation)
+    return epochs

@@ -20,7 +20,7 @@ from typing import Any
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
-from falkirk.airflow.batch import epoch_of
+from falkirk.airflow.batch import epochs_of
 from falkirk.airflow.supervisor import PipelineSensor
 from falkirk.model.topology import load_pipeline
 
@@ -59,9 +59,15 @@ def _outcome(report: dict[str, Any]) -> list[dict]:
     return report["rollbacks"]
 
 
-def check_batch_epoch(pipeline: str, region: str, data_interval_start: datetime) -> list[dict]:
-    """The batch run's epoch: its checks (again, if the run was cleared and rerun)."""
-    return _outcome(run_validate(pipeline, epoch_of(pipeline, data_interval_start), region))
+def check_batch_epoch(pipeline: str, region: str, data_interval_start: datetime,
+                      data_interval_end: datetime | None = None) -> list[dict]:
+    """The batch run's epochs: their checks, in order, up to the first that fails (again,
+    if the run was cleared and rerun)."""
+    for epoch in epochs_of(pipeline, data_interval_start, data_interval_end):
+        confs = _outcome(run_validate(pipeline, epoch, region))
+        if confs:
+            return confs
+    return []
 
 
 class EpochChecksSensor(PipelineSensor):

@@ -5,7 +5,8 @@ For a pipeline ``p`` (found in ``$FALKIRK_PIPELINES`` or a checkout's ``examples
 - ``falkirk_p_streams``: start, watch and recover its streaming jobs, and
   ``falkirk_p_stream_checks``: check their epochs as they commit (only when it has
   regions that are not batch);
-- ``falkirk_p_batch_<region>``: one run per epoch of each batch region;
+- ``falkirk_p_batch_<region>``: a run per epoch of each batch region (per batch of
+  epochs ready together when it is behind);
 - ``falkirk_p_rollback``: roll it back (its regions in the params; dry run by default);
 - ``falkirk_p_gc``: garbage collection by low watermark;
 - ``falkirk_p_outputs``: scheduled on every output's asset, which keeps their epoch log
@@ -85,9 +86,12 @@ No params. Pause this DAG to stop checking.
 BATCH_DOC = """
 # Batch epochs: `{r}` of the `{p}` pipeline
 
-One run per epoch. Epochs are event-time windows of the pipeline settings
-(`epoch_seconds`, `origin_ms` in `{source}`): the run whose data interval starts at
-`origin + k × epoch_seconds` computes epoch *k*; catchup runs the epochs one after
+One run per epoch, or per batch of epochs ready together. Epochs are event-time windows
+of the pipeline settings (`epoch_seconds`, `origin_ms` in `{source}`): the run whose data
+interval is `[origin + k × epoch_seconds, origin + (K + 1) × epoch_seconds)` computes
+epochs *k* to *K* (one epoch while the region keeps up; when it is behind, every epoch
+ready when the run is made, up to `max_pass`, in one pass: a run per epoch cost ~9 s of
+scheduling each, and a region behind stayed behind); catchup runs them one after
 another, from `FALKIRK_BATCH_FIRST_EPOCH` (default 0), every epoch the pipeline has,
 none skipped: epoch *k* gets its run once the epoch log shows its inputs there (each
 Delta input's sender committed *k* − delay, or its input ended; a Kafka input as far as
@@ -95,18 +99,19 @@ the topic's readers got, up to its declared bound), checked at every parse of th
 file (about every 30 s) and after each run is made. No cap unless `FALKIRK_BATCH_EPOCHS`
 is set: then no run for that epoch or later.
 
-- **{r}**: {run}. The job waits for the epoch's inputs (up to 10 minutes) and writes the
-  epoch's outputs exactly once, so clearing a run reruns its epoch safely. A failed
-  try is tried again up to {retries} times, each wait about twice the one before
+- **{r}**: {run}. The job waits for the epochs' inputs (up to 10 minutes) and writes
+  each epoch's outputs exactly once, so clearing a run reruns its epochs safely. A
+  failed try is tried again up to {retries} times, each wait about twice the one before
   ({first} to {most}); a run whose tries all failed fails, and clearing it reruns the
-  epoch. The epoch number is in the task's *Rendered Templates*.
-- **check_committed**: fails unless the epoch log shows the epoch committed.
-- **data_checks**: `falkirk validate --epoch k --region {r}`: the suites of the region's
-  tables on exactly the epoch's Delta version. A failing epoch is quarantined (readers
-  keep using the last good epoch) and the task fails, naming the expectation and the
-  observed value. With `checks: {{on_failure: rollback}}` in the pipeline settings it
-  instead hands a rollback request (`to_epoch` = the last good epoch) to
-  **trigger_rollback**, which starts `{rollback}`.
+  epochs. The epoch numbers are in the task's *Rendered Templates*.
+- **check_committed**: fails unless the epoch log shows every epoch of the run committed.
+- **data_checks**: `falkirk validate --epoch k --region {r}` for each epoch of the run:
+  the suites of the region's tables on exactly the epoch's Delta version. A failing
+  epoch is quarantined (readers keep using the last good epoch) and the task fails,
+  naming the expectation and the observed value. With
+  `checks: {{on_failure: rollback}}` in the pipeline settings it instead hands a
+  rollback request (`to_epoch` = the last good epoch) to **trigger_rollback**, which
+  starts `{rollback}`.
 
 No params. A rollback that invalidates epochs of `{r}` reruns them itself; clearing the
 runs of those epochs here does the same.
@@ -201,10 +206,10 @@ class _AnnouncesEpoch(BaseOperator):
         self.pipeline, self.region = pipeline, region
         self._lineage: Any = None
 
-    def _announce(self, context: Any, epoch: int) -> int:
+    def _announce(self, context: Any, epochs: list[int]) -> list[int]:
         self._lineage = assets.announce_epoch(context, load_pipeline(self.pipeline),
-                                              self.region, epoch)
-        return epoch
+                                              self.region, epochs)
+        return epochs
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         return self._lineage
@@ -223,8 +228,8 @@ class EpochSubmitOperator(_AnnouncesEpoch, SparkSubmitOperator):
 
     def execute(self, context: Any) -> Any:
         super().execute(context)
-        return self._announce(context, batch.epoch_of(self.pipeline,
-                                                      context["data_interval_start"]))
+        return self._announce(context, batch.epochs_of(
+            self.pipeline, context["data_interval_start"], context["data_interval_end"]))
 
 
 class RollBackOperator(PythonOperator):
@@ -294,11 +299,10 @@ def stream_checks_dag(pipeline: Pipeline) -> DAG:
 def batch_dag(pipeline: Pipeline, region: str) -> DAG:
     p = pipeline.name
     launch = launcher()  # how a job's driver starts in this profile
-    run = (f"`{pipeline.regions[region].job} --pipeline {p} --epoch k` in the task's own "
-           f"process, a client of the Spark Connect engine at `{launch.engine}`"
-           if launch.client else
-           f"`spark-submit {pipeline.regions[region].job} --pipeline {p} --epoch k` on the "
-           "`spark_default` connection")
+    job = f"{pipeline.regions[region].job} --pipeline {p} --epoch k --until-epoch K"
+    run = (f"`{job}` in the task's own process, a client of the Spark Connect engine at "
+           f"`{launch.engine}`" if launch.client else
+           f"`spark-submit {job}` on the `spark_default` connection")
     doc = BATCH_DOC.format(p=p, r=region, rollback=names.rollback(p),
                            source=pipeline.source or "the pipeline declaration", run=run,
                            retries=BATCH_EPOCH_RETRIES["retries"],

@@ -100,10 +100,11 @@ BATCH_RERUN_ARGS = ["--idle-timeout", "300"]  # a rerun waits this long for repl
 
 def rerun_batch_epochs(pipeline: Pipeline, invalidated: list[dict],
                        cfg: Config | None = None) -> dict[str, list[int]]:
-    """Rerun every batch epoch a rollback invalidated (one ``--epoch N`` run each, in
-    order): a batch region is not a stream, nothing else would redo them. Region ->
-    epochs rerun; a rerun that fails raises, naming its log."""
+    """Rerun every batch epoch a rollback invalidated, in order, consecutive ones in one
+    pass (``--epoch k --until-epoch K``): a batch region is not a stream, nothing else
+    would redo them. Region -> epochs rerun; a rerun that fails raises, naming its log."""
     from falkirk.errors import FalkirkError
+    from falkirk.runtime.driver import epoch_args
 
     epochs: dict[str, set[int]] = {}
     for inv in invalidated:
@@ -113,11 +114,23 @@ def rerun_batch_epochs(pipeline: Pipeline, invalidated: list[dict],
             epochs.setdefault(inv["region"], set()).add(int(epoch))
     for region, todo in epochs.items():
         job = pipeline.regions[region].job
-        for epoch in sorted(todo):
-            log.info("rerunning %s epoch %d", region, epoch)
-            code = launcher.start_job(pipeline, job,
-                                      ["--epoch", str(epoch), *BATCH_RERUN_ARGS], cfg).wait()
+        for run in _consecutive(sorted(todo)):
+            named = f"epoch {run[0]}" if len(run) == 1 else f"epochs {run[0]}-{run[-1]}"
+            log.info("rerunning %s %s", region, named)
+            code = launcher.start_job(pipeline, job, [*epoch_args(run), *BATCH_RERUN_ARGS],
+                                      cfg).wait()
             if code != 0:
-                raise FalkirkError(f"rerun of {region} epoch {epoch} exited {code}; see "
+                raise FalkirkError(f"rerun of {region} {named} exited {code}; see "
                                    f"{log_file(pipeline, job, cfg)}")
     return {region: sorted(todo) for region, todo in epochs.items()}
+
+
+def _consecutive(epochs: list[int]) -> list[list[int]]:
+    """Sorted epochs in runs of consecutive ones (each rerun in one pass)."""
+    runs: list[list[int]] = []
+    for e in epochs:
+        if runs and e == runs[-1][-1] + 1:
+            runs[-1].append(e)
+        else:
+            runs.append([e])
+    return runs

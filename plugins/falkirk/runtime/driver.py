@@ -146,11 +146,19 @@ def parser(logic: JobLogic) -> argparse.ArgumentParser:
     p.add_argument("--until-epoch", type=int,
                    help="stop after this epoch (default: run until the input ends)")
     p.add_argument("--epoch", type=int,
-                   help="run exactly this epoch (a batch region's run for one data interval)")
+                   help="run exactly this epoch (a batch region's run for one data "
+                        "interval), or from it through --until-epoch (a run that catches up)")
     p.add_argument("--idle-timeout", type=float,
                    help="fail when the next epoch is not complete after this many seconds")
     p.add_argument("--poll", type=float, default=0.5, help="seconds between input checks")
     return p
+
+
+def epoch_args(epochs: list[int]) -> list[str]:
+    """A job's arguments for exactly these consecutive ``epochs`` (a batch region's run):
+    ``--epoch k``, and ``--until-epoch K`` for several (processed in one pass)."""
+    args = ["--epoch", str(epochs[0])]
+    return args if len(epochs) == 1 else [*args, "--until-epoch", str(epochs[-1])]
 
 
 def main(logic: JobLogic, argv: list[str] | None = None) -> int:
@@ -183,9 +191,9 @@ def run_job(logic: JobLogic, argv: list[str] | None = None, own_process: bool = 
         spark = launch.session(f"falkirk-{pipeline.name}-{'+'.join(logic.regions)}")
         start = None
         until = args.until_epoch
-        if args.epoch is not None:
+        if args.epoch is not None:  # exactly this epoch, or these (--until-epoch too)
             start = {r: args.epoch - 1 for r in logic.regions}
-            until = args.epoch
+            until = max(args.epoch, args.until_epoch if until is not None else args.epoch)
         # A stream job parks when a rollback fences it; a batch run of one epoch (--epoch)
         # ends on the fence instead: the rollback reruns it if it must.
         driver = JobDriver(pipeline, logic, spark, park=args.epoch is None,
