@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 import yaml
 
 from falkirk.config import PROFILES, REPO_ROOT
+from falkirk.local.airflow import TUNABLE
 from falkirk_dev import cluster
 
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
@@ -280,6 +281,9 @@ def airflow_env() -> dict[str, str]:
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD":
             str(cluster.SCHEDULER_HEALTH_CHECK_S),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+        # as bin/airflow's (falkirk.local.airflow.TUNABLE: batch runs made when ready)
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL":
+            TUNABLE["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"],
         "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://{db}",
         "AIRFLOW__CELERY__BROKER_URL": f"redis://:{secret('FALKIRK_REDIS_PASSWORD')}@redis:6379/0",

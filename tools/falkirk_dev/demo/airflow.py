@@ -359,17 +359,32 @@ class AirflowDemo:
             last = done[-1] if done else -1
             parts.append(f"{name} {last + 1}/{self.epochs}" + (f"▸{running[-1]}" if running
                                                               and running[-1] > last else ""))
-        ok = sum(r["state"] == "success" for r in p["batch"])
-        parts.append(f"batch runs {ok}/{self.epochs}")
+        parts.append(f"batch epochs {self.batch_epochs_done(p)}/{self.epochs}")
         return "epochs done: " + ", ".join(parts)
 
+    def run_epochs(self, run: dict) -> list[int]:
+        """The epochs of a batch run's data interval (several for a run that caught up)."""
+        s = self.run.pipeline.settings  # (not falkirk.airflow.batch: importing Airflow
+        length = s.get("epoch_seconds", 10) * 1000  # takes logging over)
+
+        def epoch(key: str) -> int:
+            at = datetime.fromisoformat(run[key].replace("Z", "+00:00"))
+            return round((at.timestamp() * 1000 - s["origin_ms"]) / length)
+
+        first = epoch("data_interval_start")
+        return list(range(first, max(first + 1, epoch("data_interval_end"))))
+
+    def batch_epochs_done(self, p: dict[str, Any]) -> int:
+        """How many epochs the successful batch runs covered."""
+        return len({e for r in p["batch"] if r["state"] == "success"
+                    for e in self.run_epochs(r)})
+
     def label(self, dag_id: str, run: dict) -> str:
-        """A short name for a DAG run: the batch run's epoch, the supervisor run's number."""
-        if dag_id == BATCH:  # (not falkirk.airflow.batch: importing Airflow takes logging)
-            start = datetime.fromisoformat(run["data_interval_start"].replace("Z", "+00:00"))
-            s = self.run.pipeline.settings
-            ms = start.timestamp() * 1000 - s["origin_ms"]
-            return f"batch run for epoch {round(ms / (s.get('epoch_seconds', 10) * 1000))}"
+        """A short name for a DAG run: the batch run's epochs, the supervisor run's number."""
+        if dag_id == BATCH:
+            epochs = self.run_epochs(run)
+            return (f"batch run for epoch {epochs[0]}" if len(epochs) == 1 else
+                    f"batch run for epochs {epochs[0]}-{epochs[-1]}")
         names = self._labels.setdefault(dag_id, {})
         return f"supervisor run {names.setdefault(run['dag_run_id'], len(names) + 1)}"
 
@@ -571,10 +586,9 @@ class AirflowDemo:
         last = self.epochs - 1
 
         def done(p):
-            ok = sum(r["state"] == "success" for r in p["batch"])
             committed = {n: (d[-1] if d else -1) for n, (d, _) in p["regions"].items()}
             streams_done = all(p["jobs"][j] == "finished" for j in ("ingest", "serve"))
-            return (ok >= self.epochs and streams_done
+            return (self.batch_epochs_done(p) >= self.epochs and streams_done
                     and all(e >= last for e in committed.values()))
 
         self.wait(f"waiting for every region to finish epoch {last} (the batch DAG, the "
