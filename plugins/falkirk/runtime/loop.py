@@ -78,6 +78,9 @@ class Fenced(RuntimeFailure):
 class JobRunner:
     """Runs a job's regions epoch by epoch (or pass by pass); see the module docstring."""
 
+    #: The job's one preparing thread (:meth:`_prepare_beside`), made when first needed.
+    _preparing: ThreadPoolExecutor | None = None
+
     def __init__(self, pipeline: Pipeline, logic: JobLogic, spark: Any,
                  cfg: Config | None = None, epoch_log: EpochLog | None = None,
                  start: dict[str, int] | None = None, persist: bool = True,
@@ -153,7 +156,6 @@ class JobRunner:
             r: outputs_for(self.wiring, r, persist) for r in self.regions}
         self.watch = None  # a FenceWatch, set when the job parks (JobDriver)
         self.prepared: int | None = None  # the epoch the job prepared ahead
-        self._preparing: ThreadPoolExecutor | None = None  # see _prepare_beside
         self.until: int | None = None  # the last epoch run() processes (None: no end)
         self.folded: dict[str, int] = {}  # region -> the fold request carried out last
         self.folds_read_at = float("-inf")  # monotonic: when the fold requests were read
