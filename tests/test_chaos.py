@@ -53,12 +53,14 @@ def test_under_airflow_kills_in_the_middle_of_a_recovery_are_recovered_too(golde
     once came 13.1 s after the first, whose recovery had ended at 12.6 s). The streams
     supervisor (its watch deferred to the triggerer, which outlived the scheduler; a job
     dead since its last watch rolled back by its next start step) recovers both, and the
-    run ends with the failure-free outputs, every message on the output topics counted."""
+    run ends with the failure-free outputs, every message on the output topics counted.
+    The input is produced at a steady rate (all of it waiting, the batch region now takes
+    every ready epoch in one run, and the run ended before a strike)."""
     from rich.console import Console
 
     result = airflow_campaign(tmp_path, minutes=5, seed=1, data=INPUT, console=Console(),
                               golden=golden, targets=("scheduler", "job"), strikes=2,
-                              every_s=10.0, mid_recovery=True)
+                              every_s=10.0, mid_recovery=True, rate=20.0)
     first, second = result["events"]
     assert (first["target"], second["target"]) == ("scheduler", "job"), result["events"]
     assert first["recovery_s"] is not None and second["recovery_s"] is not None, result

@@ -318,7 +318,7 @@ def run_epoch(pipeline: str, region: str, data_interval_start: datetime,
     spent all 9 tries of one epoch in 14 minutes, half of them on engine kills, leaving
     every region downstream waiting. Its rerun is safe: the epoch's outputs are written
     exactly once."""
-    from falkirk.runtime.driver import epoch_args, run_job
+    from falkirk.runtime.driver import epoch_args, epochs_named, run_job
     from falkirk.runtime.job import job_logic
     from falkirk.runtime.launcher import launcher
 
@@ -336,15 +336,11 @@ def run_epoch(pipeline: str, region: str, data_interval_start: datetime,
         if not lost or run > ENGINE_LOSSES_PER_TRY:
             break
         log.warning("%s %s: the Spark engine died under it (%d time(s) in this try); "
-                    "running it again once the engine answers", region, _named(epochs), run)
+                    "running it again once the engine answers", region, epochs_named(epochs), run)
         launch.ensure()
     # retried as SparkSubmitOperator's failures are (DEFAULT_ARGS)
-    raise RuntimeError(f"{region} {_named(epochs)}: the job failed with exit code {code}; "
+    raise RuntimeError(f"{region} {epochs_named(epochs)}: the job failed with exit code {code}; "
                        "its error is above in this log and in the epoch log's job_runs")
-
-
-def _named(epochs: list[int]) -> str:
-    return f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}-{epochs[-1]}"
 
 
 def macros(pipeline_name: str) -> dict[str, Any]:

@@ -104,7 +104,7 @@ def rerun_batch_epochs(pipeline: Pipeline, invalidated: list[dict],
     pass (``--epoch k --until-epoch K``): a batch region is not a stream, nothing else
     would redo them. Region -> epochs rerun; a rerun that fails raises, naming its log."""
     from falkirk.errors import FalkirkError
-    from falkirk.runtime.driver import epoch_args
+    from falkirk.runtime.driver import epoch_args, epochs_named
 
     epochs: dict[str, set[int]] = {}
     for inv in invalidated:
@@ -115,7 +115,7 @@ def rerun_batch_epochs(pipeline: Pipeline, invalidated: list[dict],
     for region, todo in epochs.items():
         job = pipeline.regions[region].job
         for run in _consecutive(sorted(todo)):
-            named = f"epoch {run[0]}" if len(run) == 1 else f"epochs {run[0]}-{run[-1]}"
+            named = epochs_named(run)
             log.info("rerunning %s %s", region, named)
             code = launcher.start_job(pipeline, job, [*epoch_args(run), *BATCH_RERUN_ARGS],
                                       cfg).wait()

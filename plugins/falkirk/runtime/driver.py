@@ -161,6 +161,11 @@ def epoch_args(epochs: list[int]) -> list[str]:
     return args if len(epochs) == 1 else [*args, "--until-epoch", str(epochs[-1])]
 
 
+def epochs_named(epochs: list[int]) -> str:
+    """``epoch k`` or ``epochs k-K``: how logs and errors name a batch run's epochs."""
+    return f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}-{epochs[-1]}"
+
+
 def main(logic: JobLogic, argv: list[str] | None = None) -> int:
     """Run a job: ``python jobs/<job>.py --pipeline NAME [--until-epoch N]`` on a Spark
     Connect engine, or ``spark-submit jobs/<job>.py …`` as an application of its own."""
