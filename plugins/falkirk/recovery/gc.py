@@ -175,7 +175,7 @@ def _checkpoints(pipeline: Pipeline, cfg: Config, logs: dict[str, RegionLog],
         ids = _checkpoint_ids(pipeline, logs, done_epoch, name)
         if not ids:
             continue
-        keep_from = ids[max(0, len(ids) - 1 - spec.retain_checkpoints)]
+        keep_from = _kept_from(ids, spec.retain_checkpoints)
         store = CheckpointStore.open(cfg.table("_falkirk_state", pipeline.name, name), opts)
         if store is None:
             continue
@@ -198,6 +198,12 @@ def _checkpoint_ids(pipeline: Pipeline, logs: dict[str, RegionLog],
                    if r.state_ref and r.epoch <= max(done_epoch[region], -1)})
 
 
+def _kept_from(ids: list[int], retain: int) -> int:
+    """The oldest checkpoint kept of ``ids`` (those at or below the watermark, oldest
+    first): the newest, and ``retain`` older."""
+    return ids[max(0, len(ids) - 1 - retain)]
+
+
 def log_keep_from(pipeline: Pipeline, logs: dict[str, RegionLog],
                   done_epoch: dict[str, int]) -> dict[str, int]:
     """Per region, the oldest epoch whose rows in the epoch log a rollback may still need
@@ -213,7 +219,7 @@ def log_keep_from(pipeline: Pipeline, logs: dict[str, RegionLog],
         keep = done_epoch[name]
         ids = _checkpoint_ids(pipeline, logs, done_epoch, name)
         if ids:
-            keep = min(keep, ids[max(0, len(ids) - 1 - spec.retain_checkpoints)])
+            keep = min(keep, _kept_from(ids, spec.retain_checkpoints))
         for edge in pipeline.out_edges(name):
             if edge.dst is not None:
                 keep = min(keep, done_epoch[edge.dst] + 1 - edge.delay)
